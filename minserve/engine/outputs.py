@@ -1,0 +1,64 @@
+"""What a request gives back: its text, its tokens, why it stopped, and when each token came."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, in seconds on the monotonic clock (``time.perf_counter``).
+
+    ``token_times_s[i]`` is when output token i was produced; the first one is the first token.
+    """
+
+    arrival_time_s: float
+    token_times_s: list[float] = field(default_factory=list)
+    finish_time_s: float | None = None
+
+    @property
+    def first_token_time_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: arrival → first output token."""
+        first = self.first_token_time_s
+        return None if first is None else first - self.arrival_time_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End-to-end latency: arrival → finish."""
+        return None if self.finish_time_s is None else self.finish_time_s - self.arrival_time_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive output tokens."""
+        times = self.token_times_s
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first: (last token − first token) / (n − 1)."""
+        times = self.token_times_s
+        return None if len(times) < 2 else (times[-1] - times[0]) / (len(times) - 1)
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request. ``finish_reason`` is ``"stop"`` (EOS or a stop string) or ``"length"``."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+    stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,39 @@
+"""Turn a row of logits into a token: greedy, or temperature with top-k and top-p filtering."""
+
+from __future__ import annotations
+
+import torch
+
+from minserve.engine.sampling_params import SamplingParams
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A private random stream for a seeded request, so its samples do not depend on its neighbours."""
+    if params.seed is None or params.greedy:
+        return None
+    return torch.Generator(device=device).manual_seed(params.seed)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
+    """One token id from ``logits`` (``[vocab]``, float32)."""
+    if params.greedy:
+        return int(logits.argmax())
+    probs = filtered_probabilities(logits, params)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def filtered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """softmax(logits / temperature), keeping only the top-k tokens and the top-p nucleus, renormalised."""
+    scaled = logits / params.temperature
+    if 0 < params.top_k < scaled.shape[-1]:
+        kth_largest = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        # Keep a token while the mass before it is still short of top_p (so the first is always kept).
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum()
+    return probs

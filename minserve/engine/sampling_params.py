@@ -1,0 +1,48 @@
+"""What a caller asks of one request: how long, how random, when to stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request generation settings, checked on construction.
+
+    ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) and ``top_p`` 1 switch those filters off. A ``seed``
+    makes a sampled request reproducible on its own, whatever else is in the batch. ``stop`` strings end the
+    output (the matched string is not included); so does an end-of-sequence token unless ``ignore_eos``.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _check(
+            isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer ≥ 1", self.max_tokens
+        )
+        _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a number ≥ 0", self.temperature)
+        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "an integer ≥ 1, or 0/-1 for off", self.top_k)
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(self.seed is None or isinstance(self.seed, int), "seed", "an integer or None", self.seed)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check(ok: bool, name: str, expected: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{name} must be {expected}, got {value!r}")

@@ -1,0 +1,163 @@
+"""Attention over a paged KV cache: the one interface every backend implements.
+
+A step of the engine hands the model a *flat* batch: the new tokens of every scheduled sequence laid end to
+end. ``AttentionMetadata`` says how that flat batch maps onto sequences and onto the cache:
+
+* ``query_lens[i]``   new tokens of sequence i in this step (a whole prompt, a prefill chunk, or 1 to decode)
+* ``context_lens[i]`` tokens of sequence i in the cache once this step's tokens are written
+* ``slot_mapping[t]`` the cache slot (``block * block_size + offset``) where new token t's K and V go
+* ``block_tables[i]`` the physical blocks of sequence i, in order (padded; only the first
+  ``ceil(context_lens[i] / block_size)`` entries mean anything)
+
+The KV cache of one layer is one tensor of shape ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
+(index 0 holds keys, 1 values). This module is the torch reference backend; the Triton kernels implement
+the same two operations, :func:`store_kv` and :func:`paged_attention`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where the new tokens of one step live, per sequence and in the cache (see the module docstring)."""
+
+    query_lens: list[int]
+    context_lens: list[int]
+    slot_mapping: torch.Tensor | None = None  # [num_new_tokens] int64; None: no cache (a pure forward)
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks_per_seq] int64
+
+    @classmethod
+    def without_cache(cls, query_lens: list[int]) -> AttentionMetadata:
+        """A forward over whole sequences with nothing cached (parity tests, perplexity, training-style)."""
+        return cls(query_lens=list(query_lens), context_lens=list(query_lens))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> list[torch.Tensor]:
+    """One ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` tensor per layer, allocated once."""
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write each new token's K and V (``[num_tokens, num_kv_heads, head_dim]``) into its slot."""
+    key_slots = kv_cache[0].flatten(0, 1)  # [num_blocks * block_size, heads, head_dim], a view
+    value_slots = kv_cache[1].flatten(0, 1)
+    key_slots.index_copy_(0, slot_mapping, key)
+    value_slots.index_copy_(0, slot_mapping, value)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its whole context.
+
+    ``query`` is ``[num_tokens, num_heads, head_dim]``; ``key``/``value`` are this step's new
+    ``[num_tokens, num_kv_heads, head_dim]``. With a cache they are stored first and every key is then read
+    back through the block table, so a cached prefix and a chunked prefill look the same as a fresh prompt.
+    Returns ``[num_tokens, num_heads, head_dim]``.
+    """
+    if kv_cache is not None:
+        store_kv(key, value, kv_cache, meta.slot_mapping)
+    output = torch.empty_like(query)
+    starts = _offsets(meta.query_lens)
+    decode = [i for i, n in enumerate(meta.query_lens) if n == 1 and kv_cache is not None]
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=query.device)
+        output[rows] = _decode_batch(query[rows], kv_cache, meta, decode, scale, sliding_window)
+    for i, n in enumerate(meta.query_lens):
+        if n == 0 or (n == 1 and kv_cache is not None):
+            continue
+        span = slice(starts[i], starts[i] + n)
+        if kv_cache is None:
+            keys, values = key[span], value[span]
+        else:
+            keys, values = _gather(kv_cache, meta.block_tables[i], meta.context_lens[i])
+        output[span] = _attend(query[span], keys, values, scale, sliding_window)
+    return output
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    starts, total = [], 0
+    for n in lengths:
+        starts.append(total)
+        total += n
+    return starts
+
+
+def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``context_len`` keys and values of one sequence, read through its block table."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-context_len // block_size)
+    blocks = kv_cache[:, block_table[:num_blocks]]  # [2, n, block_size, heads, head_dim]
+    keys, values = blocks.flatten(1, 2)[:, :context_len].unbind(0)
+    return keys, values
+
+
+def _attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, sliding_window: int | None
+) -> torch.Tensor:
+    """Queries are the last ``len(query)`` positions of a context of ``len(keys)`` tokens."""
+    num_queries, context_len = query.shape[0], keys.shape[0]
+    q, k, v = query.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1)  # heads first
+    if num_queries == context_len and sliding_window is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        query_pos = torch.arange(context_len - num_queries, context_len, device=query.device)[:, None]
+        key_pos = torch.arange(context_len, device=query.device)[None, :]
+        mask = key_pos <= query_pos
+        if sliding_window is not None:
+            mask &= query_pos - key_pos < sliding_window
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def _decode_batch(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    rows: list[int],
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """One query per sequence: gather every sequence's blocks at once and attend with a padding mask."""
+    block_size = kv_cache.shape[2]
+    context_lens = torch.tensor([meta.context_lens[i] for i in rows], device=query.device)
+    max_blocks = -(-int(context_lens.max()) // block_size)
+    tables = meta.block_tables[rows, :max_blocks]  # [batch, max_blocks]
+    keys, values = kv_cache[:, tables].flatten(2, 3).unbind(0)  # each [batch, max_blocks*block_size, h, d]
+    key_pos = torch.arange(keys.shape[1], device=query.device)[None, :]
+    mask = key_pos < context_lens[:, None]
+    if sliding_window is not None:
+        mask &= key_pos > context_lens[:, None] - 1 - sliding_window
+    out = F.scaled_dot_product_attention(
+        query[:, :, None, :],  # [batch, heads, 1, head_dim]
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=mask[:, None, None, :],
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[:, :, 0, :]

@@ -1,0 +1,190 @@
+"""The Llama family in one file: Llama 2/3, Mistral, Qwen2 and Qwen3.
+
+Read it top to bottom: RMSNorm, rotary embeddings, attention, the SwiGLU MLP, a decoder layer, the model.
+The families differ only in switches on :class:`~minserve.model.config.ModelConfig` (q/k/v bias, q/k norm,
+head size, rope scaling, sliding window), so there is one code path.
+
+The model works on a *flat* batch: ``input_ids`` and ``positions`` are ``[num_tokens]`` tensors holding the
+new tokens of every sequence in the step, and :class:`~minserve.model.attention.AttentionMetadata` says
+where each sequence starts and where its keys and values live in the paged cache. Prefill, chunked prefill
+and decode are therefore the same call.
+
+Two projections are fused for speed, as in vLLM and nano-vllm: q, k, v into one ``qkv_proj`` and gate, up
+into one ``gate_up_proj`` (the checkpoint loader stacks the separate Hugging Face tensors into them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minserve.model.attention import AttentionMetadata, paged_attention
+from minserve.model.config import ModelConfig, RopeScaling
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32 as the reference implementation does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """The ``head_dim / 2`` rotation frequencies (radians per position), with the checkpoint's scaling."""
+    # Always on the CPU, even while the model is being built on the meta device.
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim)
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).float()
+    if scaling.rope_type == "llama3":
+        # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the middle band interpolated.
+        wavelength = 2 * math.pi / inv_freq
+        old_context = scaling.original_max_position_embeddings
+        smooth = (old_context / wavelength - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
+        interpolated = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+        long = wavelength > old_context / scaling.low_freq_factor
+        short = wavelength < old_context / scaling.high_freq_factor
+        inv_freq = torch.where(long, inv_freq / scaling.factor, torch.where(short, inv_freq, interpolated))
+    return inv_freq.float()
+
+
+class RotaryEmbedding(nn.Module):
+    """Angles position × frequency for the "rotate half" layout, computed per step (no table to keep)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
+        self.inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[num_tokens]`` positions → cos and sin, each ``[num_tokens, 1, head_dim / 2]`` (float32)."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair (x[i], x[i + head_dim/2]) of ``[tokens, heads, head_dim]`` by its angle."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention. ``kv_cache`` is set by whoever owns the memory (the engine), or left None."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.sliding_window = config.sliding_window
+        self.scale = self.head_dim**-0.5
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(
+        self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        out = paged_attention(q, k, v, self.kv_cache, meta, self.scale, self.sliding_window)
+        return self.o_proj(out.flatten(1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.self_attn(rotary, self.input_layernorm(x), meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Token ids in, hidden states out; :meth:`compute_logits` turns chosen rows into vocabulary scores."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(config)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """``[num_tokens]`` ids and positions → ``[num_tokens, hidden_size]`` final hidden states."""
+        x = self.embed_tokens(input_ids)
+        rotary = self.rotary(positions)  # shared by every layer
+        for layer in self.layers:
+            x = layer(rotary, x, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[n, hidden_size]`` → ``[n, vocab_size]`` in float32 (sampling wants full precision)."""
+        return self.lm_head(hidden).float()
+
+    def set_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
+        """Hand each layer its slice of the paged KV cache (or take the caches away with None)."""
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.kv_cache = None if kv_caches is None else kv_caches[i]
+
+    @torch.inference_mode()
+    def logits_without_cache(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits for every position of one sequence ``[seq_len]`` → ``[seq_len, vocab]``, nothing cached.
+
+        The plain forward the parity tests and perplexity use; the engine never calls it.
+        """
+        previous = [layer.self_attn.kv_cache for layer in self.layers]
+        self.set_kv_caches(None)
+        try:
+            positions = torch.arange(len(token_ids), device=token_ids.device)
+            meta = AttentionMetadata.without_cache([len(token_ids)])
+            return self.compute_logits(self(token_ids, positions, meta))
+        finally:
+            self.set_kv_caches(previous)

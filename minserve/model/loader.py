@@ -1,0 +1,237 @@
+"""Find a checkpoint, read its config, and load its safetensors weights into the model.
+
+A model is named one of three ways:
+
+* an embedded model that ships inside the package (``minserve-tiny``, ``minserve-tiny-draft``);
+* a local directory in Hugging Face layout (``config.json``, ``*.safetensors`` or a sharded index,
+  ``tokenizer.json``);
+* a hub id (``Qwen/Qwen3-0.6B``), fetched through ``huggingface_hub``, or taken from its local cache offline.
+
+Only safetensors are read. Pickle-based files (``pytorch_model.bin``, ``*.pt``) can run arbitrary code when
+loaded, so they are refused with a message saying how to convert them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from minserve.model.config import ModelConfig, ModelConfigError
+from minserve.model.llama import LlamaForCausalLM
+
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+EMBEDDED_MODELS = ("minserve-tiny", "minserve-tiny-draft")
+DEFAULT_MODEL = "minserve-tiny"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt"]
+
+# Hugging Face tensor name → (minserve parameter name, index of the shard it fills in a fused weight).
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+_IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names the file or tensor and what to change."""
+
+
+class ModelNotFoundError(CheckpointError, FileNotFoundError):
+    """The named model is neither embedded, a local directory, nor reachable on the hub or in its cache."""
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """The local directory holding the checkpoint, downloading it from the hub when it is a hub id."""
+    name = str(name_or_path)
+    if name in EMBEDDED_MODELS:
+        return ASSETS_DIR / name
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json")
+    if HUB_ID.match(name) and not name.startswith((".", "/")):
+        return _from_hub(name)
+    raise ModelNotFoundError(
+        f"model {name!r} not found: not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
+        "not a directory, and not a hub id of the form 'organisation/name'"
+    )
+
+
+def _from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError as error:
+        raise ModelNotFoundError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and the hub cannot be reached "
+            "(offline, or HF_HUB_OFFLINE=1). Download it on a connected machine with "
+            f"`huggingface-cli download {repo_id}` or pass a local checkpoint directory."
+        ) from error
+    except HfHubHTTPError as error:
+        raise ModelNotFoundError(f"model {repo_id!r} could not be fetched from the hub: {error}") from error
+
+
+def load_config(model_dir: Path) -> ModelConfig:
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json; is it a Hugging Face checkpoint directory?")
+    try:
+        hf = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_path} is not valid JSON: {error}") from error
+    try:
+        config = ModelConfig.from_hf(hf)
+    except ModelConfigError as error:
+        raise CheckpointError(f"{config_path}: {error}") from error
+    return _with_generation_eos(config, model_dir)
+
+
+def _with_generation_eos(config: ModelConfig, model_dir: Path) -> ModelConfig:
+    """Llama 3 lists extra end tokens (e.g. <|eot_id|>) in generation_config.json; stop on all of them."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return config
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    merged = tuple(dict.fromkeys([*config.eos_token_ids, *map(int, extra)]))
+    return dataclasses.replace(config, eos_token_ids=merged)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files, from the sharded index when there is one; refuses pickle-only checkpoints."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index.name} lists shards that are missing from {model_dir}: {missing}")
+        return [model_dir / s for s in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{model_dir} holds only pickle-based weights ({', '.join(pickles)}). Loading them could run "
+            "arbitrary code, so minserve refuses. Convert them once, in a place you trust, with "
+            "transformers: `AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`."
+        )
+    raise CheckpointError(f"{model_dir} has no *.safetensors weight files")
+
+
+def iter_checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, Path, torch.Tensor]]:
+    """(Hugging Face name, file, tensor) for every tensor of the checkpoint, one file open at a time."""
+    for file in safetensors_files(model_dir):
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, file, f.get_tensor(name)
+
+
+def load_model(
+    model_dir: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> LlamaForCausalLM:
+    """Build the model from config.json and fill every parameter from the checkpoint, checking shapes."""
+    config = load_config(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    params = dict(model.named_parameters())
+    filled: dict[str, set[int | None]] = {}
+    for hf_name, file, tensor in iter_checkpoint_tensors(model_dir):
+        if _IGNORED.search(hf_name) or (config.tie_word_embeddings and hf_name == "lm_head.weight"):
+            continue
+        name, shard = _minserve_name(hf_name)
+        if name not in params:
+            raise CheckpointError(
+                f"{file.name}: tensor {hf_name!r} has no place in a {config.family} model; "
+                "is config.json from the same checkpoint?"
+            )
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{file.name}: tensor {hf_name!r} has dtype {tensor.dtype}; expected floating point")
+        _copy_into(_shard_view(params[name], name, shard, config), tensor, hf_name, file)
+        filled.setdefault(name, set()).add(shard)
+    _check_complete(params, filled, config)
+    return model.eval()
+
+
+def _minserve_name(hf_name: str) -> tuple[str, int | None]:
+    """``model.layers.0.self_attn.k_proj.weight`` → (``layers.0.self_attn.qkv_proj.weight``, 1)."""
+    name = hf_name.removeprefix("model.")
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in _FUSED:
+            fused, shard = _FUSED[part]
+            return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
+    return name, None
+
+
+def _shard_sizes(config: ModelConfig, fused_name: str) -> list[int]:
+    if "qkv_proj" in fused_name:
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        return [q, kv, kv]
+    return [config.intermediate_size, config.intermediate_size]
+
+
+def _shard_view(param: torch.Tensor, name: str, shard: int | None, config: ModelConfig) -> torch.Tensor:
+    """The rows of ``param`` one checkpoint tensor fills: all of it, or one shard of a fused weight."""
+    return param if shard is None else param.split(_shard_sizes(config, name))[shard]
+
+
+def _expected_shards(name: str, config: ModelConfig) -> set[int | None]:
+    if "qkv_proj" in name or "gate_up_proj" in name:
+        return set(range(len(_shard_sizes(config, name))))
+    return {None}
+
+
+def _copy_into(target: torch.Tensor, tensor: torch.Tensor, hf_name: str, file: Path) -> None:
+    if target.shape != tensor.shape:
+        raise CheckpointError(
+            f"{file.name}: tensor {hf_name!r} has shape {tuple(tensor.shape)} but config.json implies "
+            f"{tuple(target.shape)}; config.json and the weights disagree"
+        )
+    with torch.no_grad():
+        target.copy_(tensor.to(target.dtype))
+
+
+def _check_complete(params: dict[str, torch.Tensor], filled: dict[str, set[int | None]], config: ModelConfig) -> None:
+    missing = [
+        name
+        for name in params
+        if not (name == "lm_head.weight" and config.tie_word_embeddings)
+        and not _expected_shards(name, config) <= filled.get(name, set())
+    ]
+    if missing:
+        raise CheckpointError(f"the checkpoint is missing tensors for: {', '.join(missing[:8])}")
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """``"auto"``: float32 on the CPU (fast and exact there), the checkpoint's own dtype on an accelerator."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use one of auto, {', '.join(DTYPES)}")
+        return dtype
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32
+        return DTYPES.get(config.torch_dtype, torch.bfloat16)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]

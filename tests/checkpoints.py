@@ -1,0 +1,84 @@
+"""Tiny random Hugging Face checkpoints, built offline with transformers, one per supported family.
+
+The tokenizer files are the embedded model's (vocab 2048), so every checkpoint is a complete, servable model
+directory, just with random weights.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from minserve.model.loader import ASSETS_DIR
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+VOCAB = 2048
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+)
+
+# name → (transformers config class name, extra config fields)
+FAMILIES: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {"tie_word_embeddings": False}),
+    "llama-tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "llama3.1-rope": (
+        "LlamaConfig",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            "rope_theta": 500000.0,
+        },
+    ),
+    "llama-attention-bias": ("LlamaConfig", {"attention_bias": True}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    "mistral-sliding-window": ("MistralConfig", {"sliding_window": 8}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
+}
+_MODEL_CLASSES = {
+    "LlamaConfig": "LlamaForCausalLM",
+    "MistralConfig": "MistralForCausalLM",
+    "Qwen2Config": "Qwen2ForCausalLM",
+    "Qwen3Config": "Qwen3ForCausalLM",
+}
+
+
+def build_hf_model(family: str, seed: int = 0):
+    """A transformers model of ``family`` with random weights (float32, eval mode)."""
+    import transformers
+
+    config_class, extra = FAMILIES[family]
+    config = getattr(transformers, config_class)(**COMMON, **extra)
+    torch.manual_seed(seed)
+    model = getattr(transformers, _MODEL_CLASSES[config_class])(config).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb them so the parity test can see them.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def save_checkpoint(model, directory: Path, max_shard_size: str | None = None) -> Path:
+    """``save_pretrained`` plus the embedded tokenizer files; returns ``directory``."""
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(directory, **kwargs)
+    for name in TOKENIZER_FILES:
+        source = ASSETS_DIR / "minserve-tiny" / name
+        if source.exists():
+            shutil.copy(source, directory / name)
+    return directory

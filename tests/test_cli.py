@@ -1,0 +1,44 @@
+"""The `minserve` command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minserve.cli import build_parser, main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minserve.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_every_subcommand_has_help():
+    commands = build_parser()._subparsers._group_actions[0].choices  # argparse keeps them here
+    assert {"generate", "demo", "models"} <= set(commands)
+    for name in commands:
+        result = _run(name, "--help")
+        assert result.returncode == 0 and "usage: minserve " + name in result.stdout, name
+
+
+def test_generate_prints_prompt_and_completion():
+    result = _run("generate", "def fib(n):", "--max-tokens", "8", "--verbose")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def fib(n):")
+    assert "finish_reason=" in result.stderr and "TTFT" in result.stderr
+
+
+def test_bad_arguments_exit_with_a_message(capsys):
+    assert main(["generate", "x", "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", "/no/such/dir"]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_runs_the_tour():
+    result = _run("demo")
+    assert result.returncode == 0, result.stderr
+    for step in ("1. load", "2. generate", "3. measure", "4. report"):
+        assert step in result.stdout

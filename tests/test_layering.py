@@ -1,0 +1,37 @@
+"""kernels/ sits at the bottom of the layers: it may import torch and triton, never the rest of minserve.
+
+import-linter cannot see it (it is mapped to ``minserve.kernels`` at install time), so this test reads the
+imports of every file there.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+    return modules
+
+
+def test_kernels_import_only_kernels_from_minserve():
+    files = sorted(KERNELS.rglob("*.py"))
+    assert files, "kernels/ should hold at least its package file"
+    for path in files:
+        for module in _imported_modules(path):
+            if module == "minserve" or module.startswith("minserve."):
+                assert module.startswith("minserve.kernels"), f"{path.name} imports {module}"
+
+
+def test_kernels_import_under_the_minserve_namespace():
+    import minserve.kernels
+
+    assert Path(minserve.kernels.__file__).resolve().parent == KERNELS
