@@ -29,10 +29,39 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# tests/site checks the built site; test-site runs it after building the site, so test-unit leaves it out.
 test-unit: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --ignore=tests/site
 
-test: lint test-unit
+test: lint test-unit test-notebooks test-site
+
+# --- the chapters and the course site -------------------------------------------------------------------
+.PHONY: test-notebooks site test-site docs-serve browser
+# Seconds a notebook cell may run; the outer `timeout`s bound a whole run (notebook execution can hang).
+CELL_TIMEOUT ?= 300
+export NO_MKDOCS_2_WARNING := 1
+
+# Run every chapter on the CPU and check the outputs of the cells tagged nbval-check-output.
+test-notebooks: install
+	timeout 1200 $(BIN)/pytest -q --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=$(CELL_TIMEOUT) chapters/
+
+# Execute the chapters into build/executed/ and build site/ with `mkdocs build --strict`.
+site: install
+	timeout 1200 $(BIN)/python scripts/build_site.py --cell-timeout $(CELL_TIMEOUT)
+
+# The built site, offline, in a real headless chromium; screenshots go to test-artifacts/site/.
+test-site: browser site
+	MINSERVE_REQUIRE_SITE=1 timeout 600 $(BIN)/pytest -q tests/site
+
+# Debian's chromium, for the browser test (Playwright drives it; never `playwright install`).
+browser:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+
+# Preview the site while writing: executes the chapters once, then rebuilds on every change.
+docs-serve: install
+	timeout 1200 $(BIN)/python scripts/build_site.py --cell-timeout $(CELL_TIMEOUT) --execute-only
+	$(BIN)/mkdocs serve
 
 lab: install
 	$(BIN)/jupyter lab chapters/
@@ -43,4 +72,4 @@ models: install
 	$(BIN)/python scripts/models_report.py
 
 clean:
-	rm -rf $(VENV) site .pytest_cache
+	rm -rf $(VENV) site build test-artifacts .pytest_cache

@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+from minserve.grade import add_grade_command
 from minserve.model.loader import DEFAULT_MODEL, EMBEDDED_MODELS
 
 
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the embedded models", description="List embedded models.")
     models.set_defaults(run=_cmd_models)
 
+    add_grade_command(commands)
     return parser
 
 

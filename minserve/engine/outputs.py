@@ -40,9 +40,12 @@ class RequestMetrics:
 
     @property
     def tpot_s(self) -> float | None:
-        """Time per output token after the first: (last token − first token) / (n − 1)."""
-        times = self.token_times_s
-        return None if len(times) < 2 else (times[-1] - times[0]) / (len(times) - 1)
+        """Time per output token after the first, as vLLM's benchmark defines it: (E2E − TTFT) / (n − 1).
+
+        None for fewer than two tokens, or before the request finished.
+        """
+        n, e2e, ttft = len(self.token_times_s), self.e2e_s, self.ttft_s
+        return None if n < 2 or e2e is None else (e2e - ttft) / (n - 1)
 
 
 @dataclass

@@ -1,0 +1,451 @@
+"""Chapter 01: the service contract, in numbers.
+
+A serving system is judged against a contract, not an average. This module turns token timestamps into the
+numbers that contract speaks in:
+
+* per request: TTFT, ITL, TPOT and end-to-end latency (:class:`RequestRecord`);
+* over a run: percentiles (:func:`percentile`, :func:`summary_table`), SLO attainment (:func:`attainment`),
+  goodput (:func:`goodput_rps`), throughput, availability and error budget;
+* in money: cost per million tokens from $/accelerator-hour and measured throughput.
+
+Every time is in seconds (``_s``) unless a name says ``_ms``. Timestamps come from one monotonic clock
+(``time.perf_counter``): only their differences mean anything. The module needs nothing beyond the standard
+library, except :func:`summary_table`, which returns a pandas DataFrame and imports pandas when called.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Status = Literal["ok", "failed", "cancelled"]
+STATUSES: tuple[str, ...] = ("ok", "failed", "cancelled")
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+SECONDS_PER_HOUR = 3600.0
+
+
+# --- targets -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets one product promises, plus the availability it promises over a window.
+
+    A target left ``None`` is not part of the contract. Each latency target is a per-request bound: a request
+    meets ``ttft_s`` when its own TTFT is at most ``ttft_s`` seconds, and so on. ``max_itl_s`` bounds the
+    longest gap between two tokens of one request (a visible stall), where ``tpot_s`` bounds their average.
+    ``availability`` is the fraction of requests that must not fail (0.999 = "three nines").
+    """
+
+    name: str = "slo"
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    max_itl_s: float | None = None
+    availability: float = 0.999
+
+    def __post_init__(self) -> None:
+        for name, value in self.targets().items():
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"SLO {self.name!r}: {name}_s must be a positive number of seconds, got {value!r}")
+        if not 0 < self.availability <= 1:
+            raise ValueError(f"SLO {self.name!r}: availability must be in (0, 1], got {self.availability!r}")
+
+    def targets(self) -> dict[str, float]:
+        """The latency targets that are set, keyed by metric name without unit: ``{"ttft": 0.5, ...}``."""
+        keys = ("ttft", "tpot", "e2e", "max_itl")
+        return {key: getattr(self, f"{key}_s") for key in keys if getattr(self, f"{key}_s") is not None}
+
+    def is_looser_than(self, other: SLO) -> bool:
+        """True when every target of ``self`` is also a target of ``other`` with a value at least as large.
+
+        Then, on the same requests, ``self`` attains at least as much as ``other``: a request that meets the
+        stricter contract meets every bound of the looser one.
+        """
+        mine, theirs = self.targets(), other.targets()
+        return all(key in theirs and value >= theirs[key] for key, value in mine.items())
+
+
+# --- one request -------------------------------------------------------------------------------------------
+
+
+class HasTimestamps(Protocol):
+    """What :class:`minserve.RequestMetrics` provides; :func:`record_from_metrics` needs nothing more."""
+
+    arrival_time_s: float
+    token_times_s: list[float]
+    finish_time_s: float | None
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request as the SLO arithmetic sees it: when it arrived, when each output token came, how it ended.
+
+    Invariants (checked): ``arrival_s ≤ token_times_s[0] ≤ … ≤ token_times_s[-1] ≤ finish_s``. ``finish_s``
+    defaults to the last token's time (or the arrival, with no tokens). ``status`` is ``"ok"``, ``"failed"``
+    (the server gave up: an error, a timeout) or ``"cancelled"`` (the client left first); a failed or
+    cancelled request may have produced some tokens, and it never counts as good.
+    """
+
+    arrival_s: float
+    token_times_s: tuple[float, ...] = ()
+    finish_s: float | None = None
+    status: Status = "ok"
+    prompt_tokens: int = 0
+    request_id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_times_s", tuple(self.token_times_s))
+        if self.finish_s is None:
+            last = self.token_times_s[-1] if self.token_times_s else self.arrival_s
+            object.__setattr__(self, "finish_s", last)
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        times = (self.arrival_s, *self.token_times_s, self.finish_s)
+        if any(later < earlier for earlier, later in itertools.pairwise(times)):
+            raise ValueError("timestamps must not go backwards: arrival ≤ each token ≤ finish")
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times_s)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, arrival → first output token; ``None`` when no token came."""
+        return ttft_s(self.arrival_s, self.token_times_s)
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latencies: the n − 1 gaps between consecutive output tokens."""
+        return itl_s(self.token_times_s)
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, (E2E − TTFT) / (n − 1); ``None`` for fewer than 2 tokens."""
+        return tpot_s(self.arrival_s, self.token_times_s, self.finish_s)
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency, arrival → finish (the last byte the client receives)."""
+        return self.finish_s - self.arrival_s
+
+    @property
+    def max_itl_s(self) -> float | None:
+        """The longest stall between two tokens; ``None`` for fewer than 2 tokens."""
+        gaps = self.itl_s
+        return max(gaps) if gaps else None
+
+
+def ttft_s(arrival_s: float, token_times_s: Sequence[float]) -> float | None:
+    """Time to first token in seconds: first token time − arrival. ``None`` when there is no token."""
+    return token_times_s[0] - arrival_s if token_times_s else None
+
+
+def itl_s(token_times_s: Sequence[float]) -> list[float]:
+    """Inter-token latencies in seconds: ``[t1 − t0, t2 − t1, …]``, n − 1 of them for n tokens."""
+    return [later - earlier for earlier, later in itertools.pairwise(token_times_s)]
+
+
+def tpot_s(arrival_s: float, token_times_s: Sequence[float], finish_s: float | None = None) -> float | None:
+    """Time per output token in seconds, *excluding the first*: (E2E − TTFT) / (n − 1).
+
+    The first token is left out because it carries the prefill (TTFT has its own target); what is left is
+    the decode rate the reader feels. ``finish_s`` defaults to the last token's time. ``None`` for n < 2:
+    a one-token answer has no decode phase, so it has no TPOT (and it cannot miss a TPOT target).
+    """
+    n = len(token_times_s)
+    if n < 2:
+        return None
+    end_s = token_times_s[-1] if finish_s is None else finish_s
+    e2e, ttft = end_s - arrival_s, token_times_s[0] - arrival_s
+    return (e2e - ttft) / (n - 1)
+
+
+def tpot_from_totals_s(ttft_s: float, e2e_s: float, output_tokens: int) -> float | None:
+    """TPOT from the three numbers a dashboard shows: (E2E − TTFT) / (n − 1), seconds; ``None`` for n < 2.
+
+    The curriculum's example: TTFT 80 ms, E2E 2200 ms, 220 tokens → (2.2 − 0.08) / 219 s = 9.68 ms.
+    """
+    return None if output_tokens < 2 else (e2e_s - ttft_s) / (output_tokens - 1)
+
+
+def record_from_metrics(
+    metrics: HasTimestamps, status: Status = "ok", prompt_tokens: int = 0, request_id: str = ""
+) -> RequestRecord:
+    """A :class:`RequestRecord` from the engine's :class:`minserve.RequestMetrics` (same clock, seconds)."""
+    return RequestRecord(
+        arrival_s=metrics.arrival_time_s,
+        token_times_s=tuple(metrics.token_times_s),
+        finish_s=metrics.finish_time_s,
+        status=status,
+        prompt_tokens=prompt_tokens,
+        request_id=request_id,
+    )
+
+
+def records_from_outputs(outputs: Iterable) -> list[RequestRecord]:
+    """Records from ``LLM.generate``'s :class:`minserve.RequestOutput` list; every finished output is ``ok``."""
+    return [
+        record_from_metrics(
+            out.metrics, "ok" if out.finished else "failed", len(out.prompt_token_ids), str(out.request_id)
+        )
+        for out in outputs
+    ]
+
+
+# --- percentiles -------------------------------------------------------------------------------------------
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-th percentile (0 ≤ q ≤ 100) by linear interpolation between closest ranks (numpy's default).
+
+    ``nan`` for no values: a run with no samples has no tail to report. Invariant: for q1 ≤ q2,
+    ``percentile(v, q1) ≤ percentile(v, q2)``; p0 is the minimum and p100 the maximum.
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q!r}")
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = q / 100 * (len(ordered) - 1)  # fractional position in the sorted list
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def metric_values_s(records: Iterable[RequestRecord], metric: str) -> list[float]:
+    """One metric (``"ttft"``, ``"tpot"``, ``"itl"``, ``"e2e"``, ``"max_itl"``) over the ok records, seconds.
+
+    Failed and cancelled requests are left out of latency distributions (they count in attainment and
+    goodput instead); so are requests without the metric (a one-token answer has no TPOT). ``"itl"`` pools
+    every gap of every request, so it has n − 1 samples per request.
+    """
+    ok = [r for r in records if r.ok]
+    if metric == "itl":
+        return [gap for r in ok for gap in r.itl_s]
+    if metric not in ("ttft", "tpot", "e2e", "max_itl"):
+        raise ValueError(f"unknown metric {metric!r}; expected ttft, tpot, itl, e2e or max_itl")
+    values = (getattr(r, f"{metric}_s") for r in ok)
+    return [v for v in values if v is not None]
+
+
+def summary_table(
+    records: Sequence[RequestRecord],
+    metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2e"),
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> pd.DataFrame:
+    """Percentile summary in milliseconds: one row per metric, columns ``count``, ``mean``, ``p50`` … ``p99``.
+
+    Empty metrics give a row of ``nan`` with count 0, so the table always has the same shape.
+    """
+    import pandas as pd  # the lab extra; kept out of module import so the core package stays pandas-free
+
+    rows = {}
+    for metric in metrics:
+        values_ms = [v * 1e3 for v in metric_values_s(records, metric)]
+        row = {"count": len(values_ms), "mean": sum(values_ms) / len(values_ms) if values_ms else math.nan}
+        row |= {f"p{q:g}": percentile(values_ms, q) for q in percentiles}
+        rows[f"{metric}_ms"] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "metric"
+    return table
+
+
+# --- attainment and goodput --------------------------------------------------------------------------------
+
+
+def meets(record: RequestRecord, slo: SLO) -> dict[str, bool]:
+    """Which targets of ``slo`` this request meets, plus ``"all"``. A failed or cancelled request meets none.
+
+    A metric the request does not have (TPOT of a one-token answer) cannot be missed, so it is met; TTFT of
+    an ok request with no tokens at all is missed.
+    """
+    targets = slo.targets()
+    if not record.ok:
+        return {key: False for key in targets} | {"all": False}
+    result = {}
+    for key, bound_s in targets.items():
+        value = getattr(record, f"{key}_s")
+        missing_ok = key in ("tpot", "max_itl")  # undefined for n < 2 tokens: nothing after the first to be slow
+        result[key] = missing_ok if value is None else value <= bound_s
+    result["all"] = all(result.values())
+    return result
+
+
+def attainment(records: Sequence[RequestRecord], slo: SLO) -> dict[str, float]:
+    """Fraction of *all* requests (failed and cancelled included) meeting each target of ``slo``, and ``"all"``.
+
+    Values are in [0, 1]; ``"all"`` ≤ each single target. ``nan`` for an empty run (no evidence either way).
+    """
+    keys = [*slo.targets(), "all"]
+    if not records:
+        return dict.fromkeys(keys, math.nan)
+    checks = [meets(r, slo) for r in records]
+    return {key: sum(check[key] for check in checks) / len(records) for key in keys}
+
+
+def window_s(records: Sequence[RequestRecord]) -> float:
+    """The measured window: first arrival → last finish, seconds (0.0 for an empty run)."""
+    if not records:
+        return 0.0
+    return max(r.finish_s for r in records) - min(r.arrival_s for r in records)
+
+
+def _rate(count: float, records: Sequence[RequestRecord], window: float | None) -> float:
+    window = window_s(records) if window is None else window
+    if window < 0:
+        raise ValueError(f"window_s must be ≥ 0, got {window!r}")
+    return count / window if window > 0 else 0.0
+
+
+def request_throughput_rps(records: Sequence[RequestRecord], window: float | None = None) -> float:
+    """Completed (ok) requests per second over ``window`` seconds (default: the measured window)."""
+    return _rate(sum(r.ok for r in records), records, window)
+
+
+def token_throughput_tps(records: Sequence[RequestRecord], window: float | None = None) -> float:
+    """Output tokens per second of ok requests over ``window`` seconds (default: the measured window)."""
+    return _rate(sum(r.output_tokens for r in records if r.ok), records, window)
+
+
+def goodput_rps(records: Sequence[RequestRecord], slo: SLO, window: float | None = None) -> float:
+    """Goodput: requests per second that finished ok *and* met every target of ``slo``.
+
+    Failed and cancelled requests count against it: they take their share of the window and add nothing.
+    Invariant: 0 ≤ goodput ≤ request throughput. 0.0 for an empty run or a zero window.
+    """
+    return _rate(sum(meets(r, slo)["all"] for r in records), records, window)
+
+
+# --- availability and error budget -------------------------------------------------------------------------
+
+
+def in_window(records: Iterable[RequestRecord], start_s: float | None, end_s: float | None) -> list[RequestRecord]:
+    """Records that arrived in ``[start_s, end_s)``; ``None`` leaves that side open."""
+    return [
+        r for r in records if (start_s is None or r.arrival_s >= start_s) and (end_s is None or r.arrival_s < end_s)
+    ]
+
+
+def availability(records: Iterable[RequestRecord], start_s: float | None = None, end_s: float | None = None) -> float:
+    """Fraction of requests arriving in the window that the service did not fail: ok / (ok + failed).
+
+    Cancelled requests are left out: the client chose to leave, so they say nothing about whether the
+    service was up (they still count against goodput). ``nan`` when the window holds no ok or failed request.
+    """
+    chosen = in_window(records, start_s, end_s)
+    ok = sum(r.status == "ok" for r in chosen)
+    failed = sum(r.status == "failed" for r in chosen)
+    return ok / (ok + failed) if ok + failed else math.nan
+
+
+@dataclass(frozen=True)
+class ErrorBudget:
+    """How many failures an availability target allows over a window, and how much of that is left.
+
+    ``allowed_failures = (1 − target) × eligible requests``. ``remaining`` is the unspent fraction of the
+    budget: 1.0 untouched, 0.0 spent, negative when overspent (the contract is broken for this window).
+    """
+
+    target: float
+    eligible_requests: int
+    failures: int
+    allowed_failures: float
+    remaining: float
+
+
+def error_budget(
+    records: Iterable[RequestRecord], target: float, start_s: float | None = None, end_s: float | None = None
+) -> ErrorBudget:
+    """The error budget of an availability ``target`` (e.g. 0.999) over the requests arriving in a window."""
+    if not 0 < target <= 1:
+        raise ValueError(f"availability target must be in (0, 1], got {target!r}")
+    chosen = [r for r in in_window(records, start_s, end_s) if r.status != "cancelled"]
+    failures = sum(r.status == "failed" for r in chosen)
+    allowed = (1 - target) * len(chosen)
+    return ErrorBudget(target, len(chosen), failures, allowed, _budget_left(failures, allowed))
+
+
+def _budget_left(failures: int, allowed: float) -> float:
+    if allowed > 0:
+        return 1 - failures / allowed
+    # A 100 % target, or no requests: any failure overspends the budget, none leaves it whole.
+    return 1.0 if failures == 0 else -math.inf
+
+
+# --- cost --------------------------------------------------------------------------------------------------
+
+
+def cost_per_million_tokens(usd_per_accelerator_hour: float, tokens_per_s: float, accelerators: int = 1) -> float:
+    """US dollars per million tokens: what the hardware costs per second, divided by tokens per second.
+
+    ``usd_per_accelerator_hour × accelerators / 3600 / tokens_per_s × 10⁶``. ``tokens_per_s`` is the
+    *measured* throughput of the whole deployment (all its accelerators together). Halving the throughput
+    doubles the cost; ``inf`` when nothing was produced.
+    """
+    if usd_per_accelerator_hour < 0 or accelerators < 1 or tokens_per_s < 0:
+        raise ValueError("need usd_per_accelerator_hour ≥ 0, accelerators ≥ 1 and tokens_per_s ≥ 0")
+    if tokens_per_s == 0:
+        return math.inf
+    usd_per_s = usd_per_accelerator_hour * accelerators / SECONDS_PER_HOUR
+    return usd_per_s / tokens_per_s * 1e6
+
+
+# --- one line per contract ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContractReport:
+    """A run judged against one SLO: attainment, goodput next to throughput, availability, cost."""
+
+    slo: SLO
+    requests: int
+    attainment: dict[str, float]
+    goodput_rps: float
+    throughput_rps: float
+    tokens_per_s: float
+    availability: float
+    usd_per_million_tokens: float | None
+
+    def as_row(self) -> dict[str, float | int | str | None]:
+        """A flat dict for a table: ``attainment_<target>`` columns, the rest as they are."""
+        row: dict[str, float | int | str | None] = {"contract": self.slo.name}
+        for f in fields(self):
+            if f.name == "attainment":
+                row |= {f"attainment_{key}": value for key, value in self.attainment.items()}
+            elif f.name != "slo":
+                row[f.name] = getattr(self, f.name)
+        return row
+
+
+def evaluate(
+    records: Sequence[RequestRecord],
+    slo: SLO,
+    window: float | None = None,
+    usd_per_accelerator_hour: float | None = None,
+    accelerators: int = 1,
+) -> ContractReport:
+    """Judge ``records`` against ``slo`` over ``window`` seconds (default: the measured window)."""
+    tokens_per_s = token_throughput_tps(records, window)
+    cost = None
+    if usd_per_accelerator_hour is not None:
+        cost = cost_per_million_tokens(usd_per_accelerator_hour, tokens_per_s, accelerators)
+    return ContractReport(
+        slo=slo,
+        requests=len(records),
+        attainment=attainment(records, slo),
+        goodput_rps=goodput_rps(records, slo, window),
+        throughput_rps=request_throughput_rps(records, window),
+        tokens_per_s=tokens_per_s,
+        availability=availability(records),
+        usd_per_million_tokens=cost,
+    )
