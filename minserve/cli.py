@@ -45,7 +45,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """A short tour on the embedded model: load, generate, measure, report."""
+    """A short tour on the embedded model: load, generate, stream, batch, measure, report."""
     from minserve import LLM, SamplingParams
 
     print("minserve tour: the embedded model, on this machine\n")
@@ -53,25 +53,49 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     llm = LLM(args.model, dtype=args.dtype, device=args.device)
     load_s = time.perf_counter() - start_s
     params_count = sum(p.numel() for p in llm.model.parameters())
-    print(f"1. load    {args.model}: {params_count / 1e6:.1f}M parameters, {llm.dtype}, {llm.device} ({load_s:.2f} s)")
+    stats = llm.stats()
+    print(
+        f"1. load      {args.model}: {params_count / 1e6:.1f}M parameters, {llm.dtype}, {llm.device} ({load_s:.2f} s)"
+    )
+    print(
+        f"             KV cache: {stats['kv_blocks_total']} blocks, "
+        f"{stats['kv_cache_bytes'] / 2**20:.0f} MiB, allocated once"
+    )
     prompts = ["def fibonacci(n):", "import os\n\n\ndef list_files(path):", "class Stack:\n    def push(self, item):"]
-    print("2. generate  three completions, greedy, 48 tokens each\n")
+    print("2. generate  three completions, greedy, 48 tokens each, batched together\n")
     outputs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0))
     for prompt, out in zip(prompts, outputs):
         print("   " + (prompt + out.text).replace("\n", "\n   ") + "\n")
-    print("3. measure  per-request latency (seconds, monotonic clock)\n")
-    print(f"   {'request':<8}{'tokens':>8}{'TTFT ms':>10}{'TPOT ms':>10}{'E2E ms':>10}{'tok/s':>9}")
-    for out in outputs:
-        m, n = out.metrics, len(out.token_ids)
-        print(
-            f"   {out.request_id:<8}{n:>8}{m.ttft_s * 1e3:>10.1f}{(m.tpot_s or 0) * 1e3:>10.1f}"
-            f"{m.e2e_s * 1e3:>10.1f}{n / m.e2e_s:>9.1f}"
-        )
+    print("3. stream    token by token (text deltas, never half a character)\n")
+    print("   def quicksort(items):", end="", flush=True)
+    for chunk in llm.stream("def quicksort(items):", SamplingParams(max_tokens=32, temperature=0.0)):
+        print(chunk.delta_text.replace("\n", "\n   "), end="", flush=True)
+    print("\n\n4. measure   32 requests at once, continuous batching, sharing a cached prefix\n")
+    header = '"""Small helpers for reading and writing files."""\n\nimport os\nimport sys\nimport json\n\n\n' * 2
+    llm.generate([header], SamplingParams(max_tokens=1))  # the first request fills the prefix cache
+    batch = [header + f"def task_{i}(x):" for i in range(32)]
+    start_s = time.perf_counter()
+    outputs = llm.generate(batch, SamplingParams(max_tokens=32, temperature=0.8, seed=0, ignore_eos=True))
+    wall_s = time.perf_counter() - start_s
+    print(f"   {'metric':<26}{'p50':>10}{'p90':>10}{'max':>10}")
+    for name, values in [
+        ("TTFT ms", [o.metrics.ttft_s * 1e3 for o in outputs]),
+        ("TPOT ms", [o.metrics.tpot_s * 1e3 for o in outputs]),
+        ("E2E ms", [o.metrics.e2e_s * 1e3 for o in outputs]),
+    ]:
+        print(f"   {name:<26}{_quantile(values, 0.5):>10.1f}{_quantile(values, 0.9):>10.1f}{max(values):>10.1f}")
     total_tokens = sum(len(o.token_ids) for o in outputs)
-    wall_s = outputs[-1].metrics.finish_time_s - outputs[0].metrics.arrival_time_s
-    print(f"\n4. report  {total_tokens} tokens in {wall_s:.2f} s = {total_tokens / wall_s:.0f} output tokens/s")
-    print("   (one request at a time; the batched engine and the server join this tour as they land)")
+    stats = llm.stats()
+    print(f"\n5. report    {total_tokens} tokens in {wall_s:.2f} s = {total_tokens / wall_s:.0f} output tokens/s; "
+          f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.0%}; "
+          f"{stats['kv_blocks_used']} blocks still held")  # fmt: skip
+    print("   (the server and the load tester join this tour as they land)")
     return 0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _cmd_models(args: argparse.Namespace) -> int:

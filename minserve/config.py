@@ -7,17 +7,39 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Which model to load, in what precision, where.
+    """Which model to load, in what precision, where, and how the engine batches and caches.
 
     ``dtype`` is ``"auto"`` (float32 on the CPU, the checkpoint's dtype on a GPU), ``"float32"``,
     ``"bfloat16"`` or ``"float16"``. ``max_model_len`` caps the context (tokens) below the model's own.
+
+    KV memory is allocated once: ``num_kv_blocks`` blocks of ``block_size`` tokens, or as many as fit in
+    ``kv_cache_memory_bytes``, or by default 256 MiB on the CPU and 90% of free memory on a GPU.
+    A step runs at most ``max_num_batched_tokens`` tokens of at most ``max_num_seqs`` sequences.
     """
 
     model: str = "minserve-tiny"
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    enable_prefix_caching: bool = True
+    enable_tracing: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ValueError(f"EngineConfig.max_model_len must be an integer ≥ 2 or None, got {self.max_model_len!r}")
+        _positive("max_model_len", self.max_model_len, minimum=2, optional=True)
+        _positive("block_size", self.block_size)
+        _positive("num_kv_blocks", self.num_kv_blocks, optional=True)
+        _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes, optional=True)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+
+
+def _positive(name: str, value: object, minimum: int = 1, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"EngineConfig.{name} must be an integer ≥ {minimum}, got {value!r}")

@@ -40,5 +40,5 @@ def test_bad_arguments_exit_with_a_message(capsys):
 def test_demo_runs_the_tour():
     result = _run("demo")
     assert result.returncode == 0, result.stderr
-    for step in ("1. load", "2. generate", "3. measure", "4. report"):
+    for step in ("1. load", "2. generate", "3. stream", "4. measure", "5. report"):
         assert step in result.stdout

@@ -12,6 +12,7 @@ import pytest
 from minserve import grade
 
 EXERCISES = Path(__file__).resolve().parents[1] / "exercises"
+CHAPTERS = {"ch01": "ch01_metrics.py", "ch02": "ch02_detokenizer.py", "ch04": "ch04_kv_cache.py"}
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -35,20 +36,34 @@ def test_finds_the_repository_exercises_from_anywhere(tmp_path, monkeypatch):
         grade.find_test_files("ch99", EXERCISES / "tests")
 
 
-def test_every_stub_is_a_stub_and_every_solution_exists():
-    stub, solution = (
-        grade.load_exercise(EXERCISES / "ch01_metrics.py"),
-        grade.load_exercise(EXERCISES / "solutions" / "ch01_metrics.py"),
-    )
-    public = [name for name in vars(solution) if callable(getattr(solution, name)) and not name.startswith("_")]
+def test_every_chapter_with_tests_has_a_stub_and_a_solution():
+    chapters = {path.stem.removeprefix("test_")[:4] for path in (EXERCISES / "tests").glob("test_ch*.py")}
+    assert chapters == set(CHAPTERS)
+    for chapter, name in CHAPTERS.items():
+        assert grade.find_exercise_file(chapter, EXERCISES).name == name
+        assert grade.find_exercise_file(chapter, EXERCISES / "solutions").name == name
+
+
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_every_stub_is_a_stub_and_every_solution_exists(chapter):
+    stub = grade.load_exercise(EXERCISES / CHAPTERS[chapter])
+    solution = grade.load_exercise(EXERCISES / "solutions" / CHAPTERS[chapter])
+    # What the solution defines itself (not what it imports) is what the learner writes.
+    public = [
+        name
+        for name, value in vars(solution).items()
+        if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == solution.__name__
+    ]
+    assert public, f"{chapter}'s solution defines nothing"
     for name in public:
         assert callable(getattr(stub, name, None)), f"the stub lacks {name}"
         assert getattr(stub, name).__doc__, f"the stub's {name} has no docstring"
 
 
 @pytest.mark.slow
-def test_cli_stubs_score_zero_with_hints():
-    done = _cli("ch01", cwd=EXERCISES.parent)
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_cli_stubs_score_zero_with_hints(chapter):
+    done = _cli(chapter, cwd=EXERCISES.parent)
     assert done.returncode == 1, done.stderr
     total_line = done.stdout.strip().splitlines()[-1]
     assert total_line.split()[0] == "total" and total_line.split()[1].startswith("0/")
@@ -56,12 +71,13 @@ def test_cli_stubs_score_zero_with_hints():
 
 
 @pytest.mark.slow
-def test_cli_solutions_score_full_marks_as_json():
-    done = _cli("ch01", "--solutions", "--json")
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_cli_solutions_score_full_marks_as_json(chapter):
+    done = _cli(chapter, "--solutions", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert set(result) == {"chapter", "file", "tests_dir", "score", "max_score", "tests"}
-    assert result["chapter"] == "ch01" and result["file"].endswith("solutions/ch01_metrics.py")
+    assert result["chapter"] == chapter and result["file"].endswith(f"solutions/{CHAPTERS[chapter]}")
     assert result["max_score"] > 0 and result["score"] == result["max_score"]
     assert result["max_score"] == sum(t["max_points"] for t in result["tests"])
     assert len(result["tests"]) >= 10

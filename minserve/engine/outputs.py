@@ -16,6 +16,13 @@ class RequestMetrics:
     arrival_time_s: float
     token_times_s: list[float] = field(default_factory=list)
     finish_time_s: float | None = None
+    first_scheduled_time_s: float | None = None  # when its first step began: the end of its queueing
+
+    @property
+    def queue_s(self) -> float | None:
+        """Time spent waiting before the first step that ran it."""
+        first = self.first_scheduled_time_s
+        return None if first is None else first - self.arrival_time_s
 
     @property
     def first_token_time_s(self) -> float | None:
@@ -50,7 +57,12 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    """The result of one request. ``finish_reason`` is ``"stop"`` (EOS or a stop string) or ``"length"``."""
+    """One request's output so far, or final once ``finish_reason`` is set.
+
+    ``finish_reason`` is ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens or the context) or
+    ``"cancelled"``. ``text`` and ``token_ids`` are cumulative; ``delta_text`` is what became visible since
+    the previous output of the same request (what a stream sends).
+    """
 
     request_id: str
     prompt: str | None
@@ -61,6 +73,7 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
+    delta_text: str = ""
 
     @property
     def finished(self) -> bool:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceOf
+from typing import TYPE_CHECKING
+
 import torch
 
 from minserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minserve.engine.sequence import Sequence
 
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -37,3 +43,16 @@ def filtered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torc
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs = probs / probs.sum()
     return probs
+
+
+def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[int]:
+    """One token per row of ``logits`` (``[len(seqs), vocab]``), each with its own sequence's settings.
+
+    Greedy rows are one argmax for the whole batch; sampled rows each draw from their own generator, so a
+    seeded request gets the same tokens whatever else shares its batch.
+    """
+    tokens = logits.argmax(dim=-1).tolist()
+    for row, seq in enumerate(seqs):
+        if not seq.params.greedy:
+            tokens[row] = sample(logits[row], seq.params, seq.generator)
+    return tokens

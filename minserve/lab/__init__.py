@@ -4,7 +4,9 @@ plotly, pandas and ipywidgets (the ``lab`` extra) are imported here and nowhere 
 engine and the model never need them. Start a chapter with ``minserve.lab.setup_notebook()``.
 """
 
+from minserve.lab.anatomy import detokenizer_steps, request_timeline, stage_explorer, stage_table, token_pieces
 from minserve.lab.figures import latency_ecdf, latency_histogram
+from minserve.lab.kv import kv_calculator, kv_calculator_result, kv_memory_figure
 from minserve.lab.notebook import setup_notebook
 from minserve.lab.tables import contract_table, percentile_table
 from minserve.lab.theme import TEMPLATE_NAME, use_course_theme
@@ -14,10 +16,18 @@ __all__ = [
     "TEMPLATE_NAME",
     "attainment_for_thresholds",
     "contract_table",
+    "detokenizer_steps",
+    "kv_calculator",
+    "kv_calculator_result",
+    "kv_memory_figure",
     "latency_ecdf",
     "latency_histogram",
     "percentile_table",
+    "request_timeline",
     "setup_notebook",
     "slo_explorer",
+    "stage_explorer",
+    "stage_table",
+    "token_pieces",
     "use_course_theme",
 ]

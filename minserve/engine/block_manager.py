@@ -1,0 +1,190 @@
+"""The block manager owns KV memory: which physical block holds which tokens of which sequence.
+
+The cache is cut into ``num_blocks`` blocks of ``block_size`` token slots. A sequence holds a *block table*,
+the list of its blocks in order, and grows it one block at a time, so it never reserves memory for tokens it
+has not produced (paging; at most one partly filled block per sequence is wasted).
+
+**Prefix caching.** A full block is named by a hash chain: ``hash(parent block's hash, its tokens)``, so the
+name stands for the whole prefix up to and including that block. When a new request arrives, its prompt's
+full blocks are looked up by name; every hit is shared (its reference count goes up) and its tokens need no
+compute. When a sequence finishes, its blocks' counts go down; a block at zero goes back to the free queue
+but keeps its name and contents, so a later request with the same prefix still finds it. Only when a free
+block is handed out again is its old name forgotten; the free queue is in least-recently-freed order, so
+that is LRU eviction.
+
+Invariants (``check_invariants`` asserts them; the tests call it after random workloads):
+a block's ``ref_count`` is the number of live sequences whose table holds it; the free queue holds exactly
+the blocks at count zero, once each; every named block is registered under its name.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from minserve.engine.sequence import Sequence
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set once the block is full and named
+    token_ids: tuple[int, ...] = field(default_factory=tuple)  # the tokens of a named block
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised by ``allocate`` when the free queue is empty; the scheduler avoids it by asking first."""
+
+
+class BlockManager:
+    """Paged KV memory with reference counts, prefix hashing and LRU reuse of freed blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks, least recently freed first. An OrderedDict gives O(1) removal of a block that a
+        # prefix hit revives from the middle of the queue.
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.prefix_queries_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits_tokens = 0  # of those, tokens found
+
+    # --- capacity ---------------------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """More blocks ``seq`` needs so that ``num_computed_tokens + num_new_tokens`` tokens fit."""
+        total_tokens = seq.num_computed_tokens + num_new_tokens
+        return max(0, -(-total_tokens // self.block_size) - len(seq.block_table))
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= self.num_free_blocks
+
+    # --- prefix cache -----------------------------------------------------------------------------------
+
+    def hash_block(self, parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+        return hash((parent_hash, token_ids))
+
+    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Blocks already holding the longest cached prefix of ``token_ids`` (full blocks only).
+
+        The last token is never taken from the cache: its logits are needed to sample the next token.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        parent: int | None = None
+        num_full_blocks = (len(token_ids) - 1) // self.block_size
+        for index in range(num_full_blocks):
+            chunk = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
+            parent = self.hash_block(parent, chunk)
+            block_id = self.hash_to_block.get(parent)
+            # A hash names a prefix; comparing the tokens too makes a hash collision harmless.
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            hits.append(block_id)
+        return hits
+
+    def share_cached_prefix(self, seq: Sequence, block_ids: list[int]) -> None:
+        """Give an admitted sequence the cached blocks of its prefix; their tokens count as computed.
+
+        The hit statistics (and ``seq.num_cached_tokens``) describe the prompt at first admission only: a
+        preempted sequence coming back finds its own output blocks too, which is recompute saved, not
+        prompt reuse.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        for block_id in block_ids:
+            self._take(block_id)
+            seq.block_table.append(block_id)
+        seq.num_computed_tokens = len(block_ids) * self.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.prefix_queries_tokens += len(seq.prompt_token_ids)
+            self.prefix_hits_tokens += seq.num_cached_tokens
+
+    def name_full_blocks(self, seq: Sequence) -> None:
+        """Name the blocks of ``seq`` that its computed tokens have filled since the last call.
+
+        ``seq.block_hashes`` keeps the hash chain of its full blocks: it depends only on the tokens, so it
+        stays valid across a preemption.
+        """
+        if not self.enable_prefix_caching:
+            return
+        tokens = seq.token_ids
+        for index in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            chunk = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
+            block_hash = self.hash_block(parent, chunk)
+            seq.block_hashes.append(block_hash)
+            block = self.blocks[seq.block_table[index]]
+            if block.block_hash is None and block_hash not in self.hash_to_block:  # else: already known
+                block.block_hash, block.token_ids = block_hash, chunk
+                self.hash_to_block[block_hash] = block.block_id
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Fraction of looked-up prompt tokens whose KV came from the cache (0 when nothing was looked up)."""
+        return self.prefix_hits_tokens / self.prefix_queries_tokens if self.prefix_queries_tokens else 0.0
+
+    # --- allocate and free ------------------------------------------------------------------------------
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Grow ``seq``'s block table to hold ``num_new_tokens`` more tokens. Ask ``can_allocate`` first."""
+        needed = self.blocks_needed(seq, num_new_tokens)
+        if needed > self.num_free_blocks:
+            raise NoFreeBlocksError(f"need {needed} blocks, {self.num_free_blocks} free")
+        for _ in range(needed):
+            block_id = next(iter(self.free_queue))  # least recently freed: the LRU victim
+            self._forget_name(self.blocks[block_id])
+            self._take(block_id)
+            seq.block_table.append(block_id)
+
+    def free(self, seq: Sequence) -> None:
+        """Release ``seq``'s blocks. Named blocks stay findable until their slot is handed out again."""
+        # Tail blocks first into the queue, so a shared prefix (the head) is the last to be evicted.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_queue[block_id]
+        block.ref_count += 1
+
+    def _forget_name(self, block: Block) -> None:
+        if block.block_hash is not None and self.hash_to_block.get(block.block_hash) == block.block_id:
+            del self.hash_to_block[block.block_hash]
+        block.block_hash, block.token_ids = None, ()
+
+    # --- invariants -------------------------------------------------------------------------------------
+
+    def check_invariants(self, live: Iterable[Sequence]) -> None:
+        """Assert the accounting is exact: no block leaked, double-owned or lost from the free queue."""
+        holders = [0] * self.num_blocks
+        for seq in live:
+            for block_id in seq.block_table:
+                holders[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == holders[block.block_id], f"block {block.block_id}: ref_count mismatch"
+            assert (block.ref_count == 0) == (block.block_id in self.free_queue), f"block {block.block_id}"
+        for block_hash, block_id in self.hash_to_block.items():
+            assert self.blocks[block_id].block_hash == block_hash

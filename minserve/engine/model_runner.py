@@ -1,0 +1,76 @@
+"""The model runner turns a scheduled batch into tensors, runs the model once, and samples.
+
+It owns the KV cache tensors (allocated once, up front) and knows nothing of queues or policies: it is
+handed sequences with a number of new tokens each, and it returns one sampled token for every sequence
+whose new tokens reach the end of what it has (a prefill chunk in the middle of a prompt samples nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minserve.engine.sampler import sample_batch
+from minserve.engine.scheduler import ScheduledBatch
+from minserve.model.attention import AttentionMetadata, allocate_kv_cache
+from minserve.model.llama import LlamaForCausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        config = model.config
+        self.kv_caches = allocate_kv_cache(
+            config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, self.device
+        )
+        model.set_kv_caches(self.kv_caches)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int | None]:
+        """One forward over the batch; a sampled token per sequence, or None where a prompt is unfinished."""
+        input_ids, positions, meta = self.prepare(batch)
+        hidden = self.model(input_ids, positions, meta)
+        ends = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
+        sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
+        tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])
+        return [next(tokens) if end else None for end in ends]
+
+    def slot(self, block_table: list[int], position: int) -> int:
+        """Where the token at ``position`` lives in the flat cache: its block's first slot plus its offset."""
+        return block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat input ids and positions, and where each new token's K/V goes (``slot_mapping``)."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            slots.extend(self.slot(seq.block_table, position) for position in range(start, start + n))
+        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
+        meta = AttentionMetadata(
+            query_lens=list(batch.num_new_tokens),
+            context_lens=[seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_new_tokens)],
+            slot_mapping=torch.tensor(slots, device=self.device),
+            block_tables=torch.tensor(tables, device=self.device),
+        )
+        return torch.tensor(input_ids, device=self.device), torch.tensor(positions, device=self.device), meta
+
+
+def last_token_rows(query_lens: list[int]) -> list[int]:
+    """Row of each sequence's last new token in the flat batch."""
+    ends, total = [], 0
+    for n in query_lens:
+        total += n
+        ends.append(total - 1)
+    return ends

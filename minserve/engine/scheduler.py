@@ -1,0 +1,118 @@
+"""The scheduler decides, every step, which sequences run and how many of their tokens.
+
+Iteration-level (continuous) batching: a step is a budget of ``max_num_batched_tokens`` tokens and
+``max_num_seqs`` sequences. Running sequences are served first, in arrival order: a decode takes one token
+of the budget, a prompt being prefilled takes as many as remain (so a long prompt is split into chunks
+across steps). What is left of the budget admits waiting requests, first come first served, as long as
+the block manager has blocks for them: that is admission control on free KV memory.
+
+When a running sequence needs a new block and none is free, the most recently arrived running sequence is
+*preempted*: its blocks are released and it goes back to the front of the waiting queue, to be recomputed
+from its prompt and the tokens it already produced (nothing it produced is lost). Prefix caching usually
+makes the recompute cheap, since its full blocks are likely still cached.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from minserve.engine.block_manager import BlockManager
+from minserve.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: each sequence with the number of its tokens to run through the model."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(batch, budget)
+        if not batch.preempted:  # memory is short this step: admitting more would only thrash
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        queue = list(self.running)  # arrival order; victims are taken from the back
+        while queue and budget > 0:
+            seq = queue.pop(0)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, batch)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.allocate(seq, num_new)
+                batch.seqs.append(seq)
+                batch.num_new_tokens.append(num_new)
+                budget -= num_new
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.block_manager.find_cached_prefix(seq.token_ids)
+            uncached_tokens = seq.num_tokens - len(cached) * self.block_manager.block_size
+            num_new = min(uncached_tokens, budget)
+            new_blocks = -(-(seq.num_tokens - uncached_tokens + num_new) // self.block_manager.block_size)
+            if not self.block_manager.can_allocate(new_blocks - len(cached) + self._revived(cached)):
+                return  # admission waits for free blocks; FCFS, so nobody overtakes the head
+            self.waiting.popleft()
+            self.block_manager.share_cached_prefix(seq, cached)
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+
+    def _revived(self, cached: list[int]) -> int:
+        """Cached blocks that sit in the free queue: sharing them takes them out of it."""
+        return sum(1 for block_id in cached if self.block_manager.blocks[block_id].ref_count == 0)
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a finished or cancelled sequence out of the queues and release its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED

@@ -1,0 +1,68 @@
+"""One request as the engine sees it: its tokens, how many of them are in the KV cache, and its blocks.
+
+The invariant the whole engine leans on: the first ``num_computed_tokens`` tokens of ``token_ids`` have
+their keys and values in the cache, in the blocks of ``block_table`` (in order, ``block_size`` per block).
+Prefill, chunked prefill, decode, a prefix-cache hit and a preemption all just move that number.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from minserve.engine.detokenizer import IncrementalDetokenizer
+from minserve.engine.outputs import RequestMetrics
+from minserve.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds blocks and is scheduled every step
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request in flight. Identity is the object itself (two requests never compare equal)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks, by content
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    visible_chars: int = 0  # characters of the detokenized text already reported to the caller
+    stop_at_char: int | None = None  # where a matched stop string starts: the text ends there
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled (≥ 1 when running)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_uncomputed_tokens > 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

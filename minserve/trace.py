@@ -1,0 +1,125 @@
+"""Chapter 02: every request's life as events on one monotonic clock, exported for Perfetto or pandas.
+
+The engine records, per request: ``arrival``, ``tokenized``, ``queued``, ``scheduled`` (first time it runs),
+``prefill`` spans (one per prompt chunk), ``decode`` spans (one per step that produced a token),
+``first_token``, ``preempted`` and ``finished`` or ``cancelled``. Times are seconds from
+``time.perf_counter``; spans carry a duration. ``to_chrome_trace`` gives the JSON that ui.perfetto.dev and
+chrome://tracing open (one track per request); ``to_dataframe`` gives a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SPANS = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    request_id: str
+    name: str
+    start_s: float
+    duration_s: float = 0.0  # zero for an instant
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+
+class Tracer:
+    """Collects events; the oldest are dropped past ``max_events`` so a long-running server stays bounded."""
+
+    def __init__(self, enabled: bool = True, max_events: int = 1_000_000) -> None:
+        self.enabled = enabled
+        self.events: deque[TraceEvent] = deque(maxlen=max_events)
+
+    def instant(self, request_id: str, name: str, t_s: float, **args: Any) -> None:
+        if self.enabled:
+            self.events.append(TraceEvent(request_id, name, t_s, 0.0, args))
+
+    def span(self, request_id: str, name: str, start_s: float, end_s: float, **args: Any) -> None:
+        if self.enabled:
+            self.events.append(TraceEvent(request_id, name, start_s, end_s - start_s, args))
+
+    def for_request(self, request_id: str) -> list[TraceEvent]:
+        return [e for e in self.events if e.request_id == request_id]
+
+    def clear(self) -> None:
+        self.events.clear()
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """Chrome trace-event JSON: complete events ("X") for spans, instants ("i"); one thread per request."""
+        if not self.events:
+            return {"traceEvents": [], "displayTimeUnit": "ms"}
+        origin_s = min(e.start_s for e in self.events)
+        threads: dict[str, int] = {}
+        out: list[dict[str, Any]] = []
+        for event in self.events:
+            tid = threads.setdefault(event.request_id, len(threads) + 1)
+            record = {
+                "name": event.name,
+                "pid": 1,
+                "tid": tid,
+                "ts": (event.start_s - origin_s) * 1e6,
+                "args": event.args,
+            }
+            if event.name in SPANS:
+                record.update(ph="X", dur=event.duration_s * 1e6, cat="step")
+            else:
+                record.update(ph="i", s="t", cat="lifecycle")
+            out.append(record)
+        names = [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": f"request {r}"}}
+            for r, t in threads.items()
+        ]
+        return {"traceEvents": names + out, "displayTimeUnit": "ms"}
+
+    def save_chrome_trace(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_chrome_trace()))
+        return path
+
+    def to_dataframe(self) -> pd.DataFrame:
+        import pandas as pd
+
+        rows = [
+            {"request_id": e.request_id, "event": e.name, "start_s": e.start_s, "duration_s": e.duration_s, **e.args}
+            for e in self.events
+        ]
+        return pd.DataFrame(rows, columns=["request_id", "event", "start_s", "duration_s", *_arg_columns(rows)])
+
+
+def _arg_columns(rows: list[dict[str, Any]]) -> list[str]:
+    fixed = {"request_id", "event", "start_s", "duration_s"}
+    return list(dict.fromkeys(k for row in rows for k in row if k not in fixed))
+
+
+def stage_durations_s(events: list[TraceEvent]) -> dict[str, float]:
+    """Where one request's time went, each stage measured on its own.
+
+    ``queue``: arrival → start of its first step. ``prefill`` and ``decode``: its step spans. ``between``:
+    the gaps between its consecutive steps (steps it sat out, the engine's work between steps).
+    ``finish``: end of its last step → finished (or cancelled). If the spans are ordered and do not overlap,
+    as they must be, the stages add up to the end-to-end latency; the chapter checks that on measured data.
+    """
+    arrival = next(e.start_s for e in events if e.name == "arrival")
+    end = next(e.start_s for e in events if e.name in ("finished", "cancelled"))
+    steps = sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
+    if not steps:
+        return {"queue": end - arrival, "prefill": 0.0, "decode": 0.0, "between": 0.0, "finish": 0.0}
+    return {
+        "queue": steps[0].start_s - arrival,
+        "prefill": sum(e.duration_s for e in steps if e.name == "prefill"),
+        "decode": sum(e.duration_s for e in steps if e.name == "decode"),
+        "between": sum(b.start_s - a.end_s for a, b in itertools.pairwise(steps)),
+        "finish": end - steps[-1].end_s,
+    }

@@ -1,0 +1,143 @@
+"""Block accounting under random workloads: the real scheduler and block manager, a stand-in for the model.
+
+Hypothesis drives random mixes of arrivals, steps, finishes, cancellations and memory pressure (forcing
+preemption); after every step no block may be leaked, double-owned or lost from the free queue.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minserve.engine.block_manager import BlockManager
+from minserve.engine.detokenizer import IncrementalDetokenizer
+from minserve.engine.outputs import RequestMetrics
+from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.scheduler import Scheduler
+from minserve.engine.sequence import Sequence
+
+
+class _NoText:
+    def decode(self, token_ids, skip_special_tokens=True):
+        return ""
+
+
+def _sequence(i: int, prompt: list[int], max_tokens: int) -> Sequence:
+    return Sequence(
+        request_id=str(i),
+        prompt=None,
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        metrics=RequestMetrics(arrival_time_s=0.0),
+        detokenizer=IncrementalDetokenizer(_NoText()),
+    )
+
+
+def _step(scheduler: Scheduler, block_manager: BlockManager, next_token: int) -> list[Sequence]:
+    """What the engine does around the model: advance computed tokens, append a token, finish at length."""
+    batch = scheduler.schedule()
+    finished = []
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        seq.num_computed_tokens += n
+        block_manager.name_full_blocks(seq)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.output_token_ids.append(next_token)
+            if len(seq.output_token_ids) >= seq.params.max_tokens:
+                scheduler.finish(seq)
+                finished.append(seq)
+    return finished
+
+
+requests = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 3), min_size=1, max_size=40),  # few distinct tokens: many shared prefixes
+        st.integers(1, 12),
+    ),
+    min_size=1,
+    max_size=12,
+)
+actions = st.lists(st.sampled_from(["step", "step", "step", "cancel"]), min_size=1, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    requests=requests,
+    actions=actions,
+    num_blocks=st.integers(6, 40),
+    block_size=st.sampled_from([1, 2, 4, 8]),
+    budget=st.integers(1, 64),
+    prefix_caching=st.booleans(),
+)
+def test_no_block_is_leaked_or_double_owned(requests, actions, num_blocks, block_size, budget, prefix_caching):
+    block_manager = BlockManager(num_blocks, block_size, prefix_caching)
+    scheduler = Scheduler(block_manager, max_num_seqs=8, max_num_batched_tokens=budget)
+    capacity_tokens = num_blocks * block_size
+    live = []
+    for i, (prompt, max_tokens) in enumerate(requests):
+        if len(prompt) + max_tokens <= capacity_tokens:  # what the engine's check_fits guarantees
+            seq = _sequence(i, prompt, max_tokens)
+            scheduler.add(seq)
+            live.append(seq)
+    for step, action in enumerate(actions):
+        if action == "cancel" and live:
+            victim = live[step % len(live)]
+            scheduler.finish(victim)
+            live.remove(victim)
+        else:
+            for seq in _step(scheduler, block_manager, next_token=step % 4):
+                live.remove(seq)
+        block_manager.check_invariants(live)
+    # Drain: every request that was not cancelled finishes; nothing is stuck.
+    for step in range(10_000):
+        if not scheduler.has_unfinished():
+            break
+        for seq in _step(scheduler, block_manager, next_token=step % 4):
+            live.remove(seq)
+        block_manager.check_invariants(live)
+    assert not scheduler.has_unfinished() and not live
+    assert block_manager.num_free_blocks == num_blocks
+
+
+def test_shared_prefix_blocks_are_reference_counted_and_survive_release():
+    block_manager = BlockManager(num_blocks=8, block_size=4)
+    scheduler = Scheduler(block_manager, max_num_seqs=4, max_num_batched_tokens=64)
+    first = _sequence(0, [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1)
+    scheduler.add(first)
+    _step(scheduler, block_manager, next_token=0)  # prefills and finishes: 2 full blocks named, then freed
+    assert block_manager.num_free_blocks == 8 and len(block_manager.hash_to_block) == 2
+    second, third = _sequence(1, [1, 2, 3, 4, 5, 6, 7, 8, 10], 3), _sequence(2, [1, 2, 3, 4, 0, 0, 0, 0, 1], 3)
+    scheduler.add(second)
+    scheduler.add(third)
+    scheduler.schedule()
+    assert second.num_cached_tokens == 8 and third.num_cached_tokens == 4
+    shared = second.block_table[0]
+    assert third.block_table[0] == shared and block_manager.blocks[shared].ref_count == 2
+    block_manager.check_invariants([second, third])
+
+
+def test_the_last_prompt_token_is_always_computed():
+    block_manager = BlockManager(num_blocks=8, block_size=4)
+    scheduler = Scheduler(block_manager, max_num_seqs=4, max_num_batched_tokens=64)
+    scheduler.add(_sequence(0, [1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1))
+    _step(scheduler, block_manager, next_token=0)
+    again = _sequence(1, [1, 2, 3, 4, 5, 6, 7, 8], max_tokens=1)
+    scheduler.add(again)
+    batch = scheduler.schedule()
+    assert again.num_cached_tokens == 4  # the block holding the last token is recomputed
+    assert batch.num_new_tokens == [4]
+
+
+def test_least_recently_freed_cached_block_is_evicted_first():
+    block_manager = BlockManager(num_blocks=4, block_size=2)
+    scheduler = Scheduler(block_manager, max_num_seqs=4, max_num_batched_tokens=64)
+    for i, prompt in enumerate(([1, 1, 9], [2, 2, 9])):
+        scheduler.add(_sequence(i, prompt, max_tokens=1))
+        _step(scheduler, block_manager, next_token=0)
+    named_before = set(block_manager.hash_to_block.values())
+    assert len(named_before) == 2
+    scheduler.add(_sequence(2, [3, 3, 3, 3, 3, 3, 9], max_tokens=1))  # needs all 4 blocks
+    _step(scheduler, block_manager, next_token=0)
+    assert block_manager.find_cached_prefix([1, 1, 5]) == []  # both old prefixes were evicted
+    scheduler.add(_sequence(3, [1, 1, 9], max_tokens=1))
+    _step(scheduler, block_manager, next_token=0)
+    block_manager.check_invariants([])
