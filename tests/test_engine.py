@@ -162,3 +162,21 @@ def test_prefix_statistics_stay_about_the_prompt_under_preemption():
     assert stats["num_preemptions"] > 0
     assert 0 < stats["prefix_cache_hit_rate"] <= 1
     assert all(0 <= o.num_cached_tokens < len(o.prompt_token_ids) for o in outs)
+
+
+def test_logprobs_of_chosen_tokens_match_a_plain_forward():
+    llm = LLM()
+    out = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True))[
+        0
+    ]
+    assert out.logprobs is not None and len(out.logprobs) == len(out.token_ids) == 6
+    import torch
+
+    ids = torch.tensor(out.prompt_token_ids + out.token_ids)
+    expected = torch.log_softmax(llm.model.logits_without_cache(ids), dim=-1)
+    n = len(out.prompt_token_ids)
+    for i, (token, logprob) in enumerate(zip(out.token_ids, out.logprobs)):
+        assert logprob == pytest.approx(expected[n - 1 + i, token].item(), abs=1e-4)
+        assert logprob <= 0
+    plain = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=2))[0]
+    assert plain.logprobs is None

@@ -162,7 +162,7 @@ class LLMEngine:
             seq.num_computed_tokens += num_new
             self.block_manager.name_full_blocks(seq)
             if token is not None:
-                outputs.append(self._append_token(seq, token, end_s))
+                outputs.append(self._append_token(seq, *token, end_s))
         return outputs
 
     def process_aborts(self) -> list[RequestOutput]:
@@ -177,8 +177,10 @@ class LLMEngine:
             outputs.append(self._finish(seq, "cancelled", None, time.perf_counter()))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, now_s: float) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, logprob: float | None, now_s: float) -> RequestOutput:
         seq.output_token_ids.append(token)
+        if logprob is not None:
+            seq.output_logprobs.append(logprob)
         seq.metrics.token_times_s.append(now_s)
         if len(seq.output_token_ids) == 1:
             self.tracer.instant(seq.request_id, "first_token", now_s)
@@ -234,6 +236,7 @@ class LLMEngine:
             metrics=seq.metrics,
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
+            logprobs=list(seq.output_logprobs) if seq.params.logprobs else None,
             delta_text=delta,
         )
 

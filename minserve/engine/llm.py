@@ -13,10 +13,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from minserve.config import EngineConfig
-from minserve.engine.engine import EngineStats, LLMEngine
+from minserve.engine.engine import LLMEngine
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.model.loader import DEFAULT_MODEL
+from minserve.trace import Tracer
 
 Prompt = str | list[int]
 
@@ -43,7 +44,8 @@ class LLM:
         self.max_model_len = self.engine.max_model_len
 
     @property
-    def tracer(self):
+    def tracer(self) -> Tracer:
+        """Every request's lifecycle events (see :mod:`minserve.trace`)."""
         return self.engine.tracer
 
     def generate(
@@ -95,9 +97,6 @@ class LLM:
     def stats(self) -> dict[str, float]:
         """KV blocks total and used, prefix-cache hit rate, preemptions, running and waiting requests."""
         return self.engine.stats().as_dict()
-
-    def engine_stats(self) -> EngineStats:
-        return self.engine.stats()
 
     def _add_all(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None):
         prompts = _as_prompt_list(prompts)

@@ -32,8 +32,8 @@ class ModelRunner:
         return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int | None]:
-        """One forward over the batch; a sampled token per sequence, or None where a prompt is unfinished."""
+    def run(self, batch: ScheduledBatch) -> list[tuple[int, float | None] | None]:
+        """One forward over the batch: (token, logprob) per sequence, or None where a prompt is unfinished."""
         input_ids, positions, meta = self.prepare(batch)
         hidden = self.model(input_ids, positions, meta)
         ends = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_new_tokens)]

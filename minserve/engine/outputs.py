@@ -74,6 +74,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
     delta_text: str = ""
+    logprobs: list[float] | None = None  # of each chosen token, when SamplingParams.logprobs is set
 
     @property
     def finished(self) -> bool:

@@ -45,14 +45,24 @@ def filtered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torc
     return probs
 
 
-def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[int]:
-    """One token per row of ``logits`` (``[len(seqs), vocab]``), each with its own sequence's settings.
+def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[tuple[int, float | None]]:
+    """One (token, logprob) per row of ``logits`` (``[len(seqs), vocab]``), with each sequence's settings.
 
     Greedy rows are one argmax for the whole batch; sampled rows each draw from their own generator, so a
-    seeded request gets the same tokens whatever else shares its batch.
+    seeded request gets the same tokens whatever else shares its batch. The logprob, for requests that ask
+    for it, is the chosen token's log-probability under the model's raw distribution (before temperature
+    and filtering, as vLLM reports it by default); None otherwise.
     """
     tokens = logits.argmax(dim=-1).tolist()
     for row, seq in enumerate(seqs):
         if not seq.params.greedy:
             tokens[row] = sample(logits[row], seq.params, seq.generator)
-    return tokens
+    wanted = [row for row, seq in enumerate(seqs) if seq.params.logprobs]
+    logprobs: list[float | None] = [None] * len(tokens)
+    if wanted:
+        rows = torch.tensor(wanted, device=logits.device)
+        chosen = torch.tensor([tokens[r] for r in wanted], device=logits.device)
+        values = torch.log_softmax(logits[rows], dim=-1).gather(1, chosen[:, None])[:, 0].tolist()
+        for row, value in zip(wanted, values):
+            logprobs[row] = value
+    return list(zip(tokens, logprobs))

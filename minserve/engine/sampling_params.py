@@ -12,6 +12,7 @@ class SamplingParams:
     ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) and ``top_p`` 1 switch those filters off. A ``seed``
     makes a sampled request reproducible on its own, whatever else is in the batch. ``stop`` strings end the
     output (the matched string is not included); so does an end-of-sequence token unless ``ignore_eos``.
+    ``logprobs`` asks for the log-probability of each chosen token (under the unscaled distribution).
     """
 
     max_tokens: int = 16
@@ -21,6 +22,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: bool = False  # report the log-probability of each chosen token
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -33,6 +35,7 @@ class SamplingParams:
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(self.seed is None or isinstance(self.seed, int), "seed", "an integer or None", self.seed)
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
+        _check(isinstance(self.logprobs, bool), "logprobs", "True or False", self.logprobs)
 
     @property
     def greedy(self) -> bool:

@@ -35,6 +35,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)  # only when params.logprobs
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
