@@ -6,6 +6,7 @@ Every subcommand has ``--help``. Each lives in a small function so that adding o
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -98,6 +99,33 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the model over an OpenAI-compatible HTTP API."""
+    from minserve.config import EngineConfig, ServerConfig
+    from minserve.serve.server import serve
+
+    engine_config = EngineConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+    )
+    server_config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("MINSERVE_API_KEY"),
+        max_waiting_requests=args.max_waiting_requests,
+        request_timeout_s=args.request_timeout_s,
+    )
+    serve(engine_config, server_config, log_level=args.log_level)
+    return 0
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from minserve.model.loader import ASSETS_DIR, load_config
 
@@ -135,10 +163,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(demo)
     demo.set_defaults(run=_cmd_demo)
 
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", description=_cmd_serve.__doc__)
+    _add_model_arguments(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this bearer token (or set MINSERVE_API_KEY)")
+    serve.add_argument("--max-waiting-requests", type=int, default=256, help="past this queue length: 429")
+    serve.add_argument("--request-timeout-s", type=float, default=600.0)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--block-size", type=int, default=16)
+    serve.add_argument("--num-kv-blocks", type=int, default=None)
+    serve.add_argument("--max-num-seqs", type=int, default=64)
+    serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(run=_cmd_serve)
+
     models = commands.add_parser("models", help="list the embedded models", description="List embedded models.")
     models.set_defaults(run=_cmd_models)
 
     add_grade_command(commands)
+    from minserve.bench.cli import add_bench_command  # a client: httpx loads only when a benchmark runs
+
+    add_bench_command(commands)
     return parser
 
 

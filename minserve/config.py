@@ -43,3 +43,29 @@ def _positive(name: str, value: object, minimum: int = 1, optional: bool = False
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"EngineConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP server's limits. Times in seconds, sizes in bytes.
+
+    Past ``max_waiting_requests`` queued requests, new ones get 429 with ``Retry-After: retry_after_s``.
+    A request running longer than ``request_timeout_s`` is cancelled. On shutdown, running requests get
+    up to ``shutdown_drain_s`` to finish. ``api_key``, when set, is required on every route but /health.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_waiting_requests: int = 256
+    request_timeout_s: float = 600.0
+    retry_after_s: int = 1
+    max_body_bytes: int = 4 * 2**20
+    shutdown_drain_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive("port", self.port, minimum=0)
+        _positive("max_waiting_requests", self.max_waiting_requests, minimum=0)
+        _positive("max_body_bytes", self.max_body_bytes)
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"ServerConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}")

@@ -222,6 +222,13 @@ def percentile(values: Iterable[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def ecdf_points(values: Iterable[float]) -> tuple[list[float], list[float]]:
+    """The empirical CDF as (sorted values, fraction of values ≤ each): ``([1, 2], [0.5, 1.0])``."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered, [(i + 1) / n for i in range(n)]
+
+
 def metric_values_s(records: Iterable[RequestRecord], metric: str) -> list[float]:
     """One metric (``"ttft"``, ``"tpot"``, ``"itl"``, ``"e2e"``, ``"max_itl"``) over the ok records, seconds.
 

@@ -8,7 +8,7 @@ import plotly.io as pio
 import pytest
 
 from minserve import lab, slo
-from minserve.lab import figures, widgets
+from minserve.lab import widgets
 from minserve.slo import SLO, RequestRecord
 
 CHAT = SLO("chat", ttft_s=0.3, tpot_s=0.05)
@@ -33,9 +33,9 @@ def test_course_theme_becomes_the_default():
 
 
 def test_ecdf_points():
-    xs, ys = figures.ecdf_points([3.0, 1.0, 2.0, 2.0])
+    xs, ys = slo.ecdf_points([3.0, 1.0, 2.0, 2.0])
     assert xs == [1.0, 2.0, 2.0, 3.0] and ys == [0.25, 0.5, 0.75, 1.0]
-    assert figures.ecdf_points([]) == ([], [])
+    assert slo.ecdf_points([]) == ([], [])
 
 
 def test_ecdf_figure_plots_the_data_and_each_contracts_line():

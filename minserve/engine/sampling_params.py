@@ -20,12 +20,14 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] | str | None = field(default_factory=list)  # normalised to a list
     ignore_eos: bool = False
     logprobs: bool = False  # report the log-probability of each chosen token
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
             self.stop = [self.stop]
         _check(
             isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer ≥ 1", self.max_tokens

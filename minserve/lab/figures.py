@@ -22,13 +22,6 @@ METRIC_LABELS = {
 }
 
 
-def ecdf_points(values: Sequence[float]) -> tuple[list[float], list[float]]:
-    """The empirical CDF as (sorted values, fraction of values ≤ each): ``([1, 2], [0.5, 1.0])``."""
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered, [(i + 1) / n for i in range(n)]
-
-
 def latency_ecdf(
     records: Sequence[slo.RequestRecord], metric: str = "ttft", slos: Sequence[slo.SLO] = (), title: str | None = None
 ) -> go.Figure:
@@ -38,7 +31,7 @@ def latency_ecdf(
     that target; the p99 sits where the curve reaches 0.99.
     """
     values_ms = [v * 1e3 for v in slo.metric_values_s(records, metric)]
-    xs, ys = ecdf_points(values_ms)
+    xs, ys = slo.ecdf_points(values_ms)
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name="measured"))
     fig.add_hline(y=0.99, line_dash="dot", line_color="gray", annotation_text="p99", annotation_position="left")
     _add_slo_lines(fig, metric, slos)

@@ -1,0 +1,95 @@
+"""What a benchmark leaves behind: ``records.jsonl``, ``summary.json`` and a printed table.
+
+``records.jsonl`` holds one line per request per run (the raw evidence: every chunk time, the status, the
+error kind), so any number in the summary can be recomputed from it. ``summary.json`` holds the
+configuration and one summary per run. Not-a-number values (a percentile of nothing) are written as
+``null``: JSON has no NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from minserve.bench.metrics import per_request_metrics
+from minserve.bench.runner import RunResult
+
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    # (header, key path in a run summary)
+    ("run", "label"),
+    ("ok", "ok"),
+    ("fail", "failed"),
+    ("canc", "cancelled"),
+    ("req/s", "request_throughput_rps"),
+    ("tok/s", "output_throughput_tps"),
+    ("good/s", "goodput_rps"),
+    ("TTFT p50", "ttft_ms.p50"),
+    ("TTFT p99", "ttft_ms.p99"),
+    ("TPOT p50", "tpot_ms.p50"),
+    ("TPOT p99", "tpot_ms.p99"),
+    ("ITL p99", "itl_ms.p99"),
+    ("E2E p99", "e2e_ms.p99"),
+    ("lag p99", "client_lag_ms.p99"),
+    ("client CPU", "client_cpu_util"),
+)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by ``None``, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def write_records(path: Path, runs: Sequence[RunResult]) -> int:
+    """One JSON line per request per run, with its run label and derived TTFT/TPOT/E2E in ms; the count."""
+    count = 0
+    with Path(path).open("w") as handle:
+        for run in runs:
+            for result in run.results:
+                row = {"run": run.label, **result.as_dict(), **per_request_metrics(result)}
+                handle.write(json.dumps(json_safe(row)) + "\n")
+                count += 1
+    return count
+
+
+def write_summary(
+    path: Path, config: dict[str, Any], summaries: Sequence[dict[str, Any]], environment: dict[str, Any] | None = None
+) -> None:
+    """``{"config": ..., "environment": ..., "runs": [...]}`` as indented JSON."""
+    document = {"config": config, "environment": environment or {}, "runs": list(summaries)}
+    Path(path).write_text(json.dumps(json_safe(document), indent=2) + "\n")
+
+
+def lookup(summary: dict[str, Any], key_path: str) -> Any:
+    """``lookup(s, "ttft_ms.p99")`` is ``s["ttft_ms"]["p99"]``, or ``None`` where a key is missing."""
+    value: Any = summary
+    for key in key_path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def cell_text(value: Any) -> str:
+    """A number as a table shows it: 3 significant digits below 10, whole numbers above; ``-`` for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:.0f}"
+    return str(value)
+
+
+def format_table(summaries: Sequence[dict[str, Any]]) -> str:
+    """One row per run: counts, throughput, goodput and the tail latencies (ms)."""
+    rows = [[header for header, _ in TABLE_COLUMNS]]
+    rows += [[cell_text(lookup(s, key)) for _, key in TABLE_COLUMNS] for s in summaries]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    notes = [f"{s['label']}: errors {s['errors']}" for s in summaries if s.get("errors")]
+    return "\n".join([*lines, *notes])

@@ -1,0 +1,101 @@
+"""Run a workload on an arrival process: open loop on a timetable, or closed loop at a concurrency.
+
+The open loop is one coroutine that walks the precomputed timetable: it sleeps until each intended send
+time and starts that request as its own task, never waiting for an answer. However slow the server is, the
+next request leaves on time (if the client itself falls behind, the lag is recorded, not hidden).
+
+Connections are not pooled down to a fixed number: a capped pool would make requests queue *inside the
+client*, which is coordinated omission by another name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+from tqdm import tqdm
+
+from minserve.bench.arrivals import ClosedLoop, OpenLoop
+from minserve.bench.client import ClientConfig, RequestResult, send_request
+from minserve.bench.workload import BenchRequest
+
+# (request, intended send offset in seconds) → what the client saw; the runner needs nothing else.
+Send = Callable[[BenchRequest, float], Awaitable[RequestResult]]
+
+
+@dataclass
+class RunResult:
+    """One run: its label (``rate=2``, ``concurrency=4``), every request's result, and its wall time in s.
+
+    ``client_cpu_s`` is the CPU time the load tester's own process spent during the run: when it nears
+    ``duration_s`` the client was saturated, and its timings say more about itself than about the server.
+    """
+
+    label: str
+    arrival: OpenLoop | ClosedLoop
+    results: list[RequestResult]
+    duration_s: float
+    client_cpu_s: float = 0.0
+
+
+async def run_open_loop(
+    requests: Sequence[BenchRequest], timetable_s: Sequence[float], send: Send, clock: Callable[[], float]
+) -> list[RequestResult]:
+    """Send ``requests[i]`` at ``timetable_s[i]`` seconds on ``clock``; results in request order."""
+    tasks = []
+    for request, intended_s in zip(requests, timetable_s):
+        delay_s = intended_s - clock()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        tasks.append(asyncio.create_task(send(request, intended_s)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_closed_loop(
+    requests: Sequence[BenchRequest], concurrency: int, send: Send, clock: Callable[[], float]
+) -> list[RequestResult]:
+    """``concurrency`` workers, each sending its next request the moment its last one ended."""
+    pending = iter(enumerate(requests))  # shared by the workers; next() never yields, so no lock is needed
+    results: list[RequestResult | None] = [None] * len(requests)
+
+    async def worker() -> None:
+        for position, request in pending:
+            results[position] = await send(request, clock())  # intended = now: a closed loop has no timetable
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
+    return [r for r in results if r is not None]
+
+
+async def run_once(
+    requests: Sequence[BenchRequest],
+    arrival: OpenLoop | ClosedLoop,
+    config: ClientConfig,
+    progress: bool = True,
+) -> RunResult:
+    """One run of ``requests`` against the server in ``config``, open or closed loop."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(config.timeout_s)
+    bar = tqdm(total=len(requests), desc=arrival.label, unit="req", disable=not progress, leave=False)
+    start, cpu_start = time.perf_counter(), time.process_time()
+
+    def clock() -> float:
+        return time.perf_counter() - start
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+
+        async def send(request: BenchRequest, intended_s: float) -> RequestResult:
+            result = await send_request(http, config, request, intended_s, clock)
+            bar.update(1)
+            return result
+
+        if isinstance(arrival, OpenLoop):
+            results = await run_open_loop(requests, arrival.timetable(len(requests)), send, clock)
+        else:
+            results = await run_closed_loop(requests, arrival.concurrency, send, clock)
+        duration_s = clock()  # the last request has ended; closing the pool is not part of the run
+        client_cpu_s = time.process_time() - cpu_start
+    bar.close()
+    return RunResult(arrival.label, arrival, results, duration_s, client_cpu_s)

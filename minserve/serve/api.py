@@ -1,0 +1,242 @@
+"""An OpenAI-compatible HTTP server over the engine: completions, chat completions, models, health, metrics.
+
+    minserve serve --model minserve-tiny --port 8000
+    curl localhost:8000/v1/completions -d '{"model": "minserve-tiny", "prompt": "def fib(n):", "max_tokens": 32}'
+
+Every request is checked before it reaches the engine and refused with an OpenAI-style 4xx body naming the
+field. Admission is bounded: past ``max_waiting_requests`` queued requests the answer is 429 with
+Retry-After, at once. A client that disconnects mid-stream cancels its request, freeing its KV blocks; a
+request past ``request_timeout_s`` is cancelled too. On shutdown, running requests are drained first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minserve.config import ServerConfig
+from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from minserve.engine.outputs import RequestOutput
+from minserve.engine.sampling_params import SamplingParams
+from minserve.serve.metrics import ServerMetrics
+from minserve.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body, finish_reason
+
+
+@dataclass
+class _Prepared:
+    """A checked request, ready for the engine."""
+
+    request_id: str
+    prompt: str | list[int]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    include_usage: bool
+    model: str
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    metrics = ServerMetrics()
+    engine.on_finished = metrics.observe_finished  # every finished request, cancelled ones included
+    state = {"draining": False}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        state["draining"] = True  # refuse new work, let what runs finish
+        deadline = time.monotonic() + config.shutdown_drain_s
+        while engine.num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        engine.shutdown()
+
+    app = FastAPI(title="minserve", lifespan=lifespan)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if config.api_key and request.url.path != "/health":
+            supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if not secrets.compare_digest(supplied, config.api_key):
+                return _error(401, "invalid or missing API key (Authorization: Bearer …)", code="invalid_api_key")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
+            return _error(413, f"request body over {config.max_body_bytes} bytes", code="body_too_large")
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        first = error.errors()[0]
+        location = [str(part) for part in first.get("loc", ()) if part != "body"]
+        param = ".".join(location) or None
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            message, param = "the request body is not valid JSON", None
+        metrics.requests_rejected.labels(reason="invalid").inc()
+        return _error(400, f"{param + ': ' if param else ''}{message}", param=param)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        return _error(error.status, error.message, error.param, error.code, headers=_retry_after(error, config))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        return _error(error.status_code, str(error.detail))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "draining" if state["draining"] else "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "minserve"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(engine.stats()), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest):
+        prepared = _prepare(body, body.prompt, body.max_tokens)
+        return await _respond(prepared, body.stream, "text_completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        try:
+            prompt = engine.engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+        except ValueError as error:
+            raise ApiError(400, str(error), param="messages") from error
+        prepared = _prepare(body, prompt, body.max_completion_tokens or body.max_tokens)
+        return await _respond(prepared, body.stream, "chat.completion")
+
+    def _prepare(body: SamplingFields, prompt: str | list[int], max_tokens: int | None) -> _Prepared:
+        if state["draining"]:
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        if body.model != model_name:
+            raise ApiError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}",
+                           param="model", code="model_not_found")  # fmt: skip
+        try:
+            ids = engine.engine.encode(prompt)
+            params = SamplingParams(
+                max_tokens=max_tokens or max(1, engine.engine.max_model_len - len(ids)),
+                temperature=body.temperature,
+                top_k=body.top_k,
+                top_p=body.top_p,
+                seed=body.seed,
+                stop=body.stop,
+                ignore_eos=body.ignore_eos,
+            )
+            engine.engine.check_fits(ids, params)
+        except ValueError as error:
+            message = str(error)
+            param = message.split(":")[0].removeprefix("SamplingParams.").split()[0]
+            metrics.requests_rejected.labels(reason="invalid").inc()
+            raise ApiError(400, message, param=param) from error
+        if engine.stats().num_waiting >= config.max_waiting_requests:
+            metrics.requests_rejected.labels(reason="queue_full").inc()
+            raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _Prepared(f"cmpl-{uuid.uuid4().hex}", prompt, ids, params, include_usage, model_name)
+
+    async def _respond(prepared: _Prepared, stream: bool, kind: str):
+        outputs = engine.generate(prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids)
+        if stream:
+            return StreamingResponse(_sse(prepared, outputs, kind), media_type="text/event-stream")
+        try:
+            final = await asyncio.wait_for(_last(outputs), timeout=config.request_timeout_s)
+        except asyncio.TimeoutError as error:  # not the builtin TimeoutError before Python 3.11
+            raise ApiError(504, f"the request took longer than {config.request_timeout_s} s", code="timeout") from error
+        except EngineDeadError as error:
+            raise ApiError(503, str(error), code="engine_error") from error
+        return _body(prepared, final, kind, final.text)
+
+    async def _sse(prepared: _Prepared, outputs: AsyncIterator[RequestOutput], kind: str) -> AsyncIterator[str]:
+        deadline = time.monotonic() + config.request_timeout_s
+        first = True
+        try:
+            async for output in outputs:
+                if output.delta_text or output.finished:
+                    yield _event(_chunk(prepared, output, kind, first))
+                    first = False
+                if output.finished:
+                    if prepared.include_usage:
+                        yield _event({**_envelope(prepared, kind, chunk=True), "choices": [], "usage": _usage(output)})
+                    yield "data: [DONE]\n\n"
+                elif time.monotonic() > deadline:  # leaving the loop cancels the request in the engine
+                    message = f"the request took longer than {config.request_timeout_s} s"
+                    yield _event(error_body(message, code="timeout", kind="timeout"))
+                    break
+        except EngineDeadError as error:
+            yield _event(error_body(str(error), code="engine_error", kind="server_error"))
+        finally:
+            await outputs.aclose()  # a disconnect lands here: aclose cancels the request in the engine
+
+    return app
+
+
+async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
+    final = None
+    try:
+        async for output in outputs:
+            final = output
+    finally:
+        await outputs.aclose()
+    return final
+
+
+def _envelope(prepared: _Prepared, kind: str, chunk: bool) -> dict:
+    obj = f"{kind}.chunk" if chunk and kind == "chat.completion" else kind
+    return {"id": prepared.request_id, "object": obj, "created": int(time.time()), "model": prepared.model}
+
+
+def _chunk(prepared: _Prepared, output: RequestOutput, kind: str, first: bool) -> dict:
+    if kind == "chat.completion":  # as OpenAI does, only the first delta names the role
+        delta = {"role": "assistant", "content": output.delta_text} if first else {"content": output.delta_text}
+        choice = {"index": 0, "delta": delta}
+    else:
+        choice = {"index": 0, "text": output.delta_text, "logprobs": None}
+    choice["finish_reason"] = finish_reason(output)
+    return {**_envelope(prepared, kind, chunk=True), "choices": [choice]}
+
+
+def _body(prepared: _Prepared, output: RequestOutput, kind: str, text: str) -> dict:
+    if kind == "chat.completion":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None}
+    choice["finish_reason"] = finish_reason(output)
+    return {**_envelope(prepared, kind, chunk=False), "choices": [choice], "usage": _usage(output)}
+
+
+def _usage(output: RequestOutput) -> dict:
+    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None, headers=None):
+    kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status)
+    return JSONResponse(error_body(message, param, code, kind or "invalid_request_error"), status, headers=headers)
+
+
+def _retry_after(error: ApiError, config: ServerConfig) -> dict[str, str] | None:
+    return {"Retry-After": str(config.retry_after_s)} if error.status in (429, 503) else None

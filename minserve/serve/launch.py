@@ -1,0 +1,129 @@
+"""``minserve serve`` as a child process: started on a free port, waited for, and always stopped.
+
+The tour (``minserve demo``), chapter 10's notebook, the soak test and the server benchmark all need a real
+server in its own process, so that the load tester measures it over HTTP as it would measure vLLM, and
+the server's memory can be read on its own. This module starts one and makes sure it does not outlive its
+owner: ``stop()`` asks it to drain and exit (SIGTERM, as a process manager would), and kills it after a
+grace period; on Linux the child is also told to die with its parent, so a crashed notebook kernel leaves
+no server behind.
+
+    with ServerProcess(["--max-num-seqs", "32"]) as server:
+        httpx.get(server.url + "/health")
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+STARTUP_TIMEOUT_S = 120.0  # loading a model from disk; the embedded one takes a second or two
+STOP_GRACE_S = 30.0  # SIGTERM drains running requests; past this the server is killed
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class ServerProcess:
+    """One ``minserve serve`` in a child process. ``args`` are extra command-line options for it.
+
+    ``url`` is the base URL (without ``/v1``); ``pid`` the child's process id; ``log_path`` the file the
+    server's output goes to (read it when something fails).
+    """
+
+    def __init__(
+        self,
+        args: list[str] | tuple[str, ...] = (),
+        model: str = "minserve-tiny",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host, self.port = host, port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.model = model
+        self.log_path = Path(tempfile.mkstemp(prefix="minserve-serve-", suffix=".log")[1])
+        command = [sys.executable, "-m", "minserve.cli", "serve", "--model", model]
+        command += ["--host", host, "--port", str(self.port), "--log-level", "warning", *args]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        atexit.register(self.stop)
+        self._wait_until_healthy(startup_timeout_s)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"minserve serve exited with code {self.process.returncode}:\n{self.log_tail()}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(self.url + "/health", timeout=2) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"minserve serve did not become healthy in {timeout_s:g} s:\n{self.log_tail()}")
+
+    def log_tail(self, num_lines: int = 30) -> str:
+        """The last lines the server printed."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+    def rss_bytes(self) -> int:
+        """The server's resident memory now, in bytes (Linux: /proc; elsewhere 0)."""
+        status = Path(f"/proc/{self.pid}/status")
+        if not status.exists():
+            return 0
+        for line in status.read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
+        """Ask the server to drain and exit; kill it past ``grace_s``. Returns its exit code. Idempotent."""
+        atexit.unregister(self.stop)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

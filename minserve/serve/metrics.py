@@ -1,0 +1,69 @@
+"""Prometheus metrics, named as vLLM names them (``vllm:…`` becomes ``minserve:…``), so dashboards carry over.
+
+Counters and histograms are updated when a request finishes; the gauges (running, waiting, KV usage) are
+read from the engine at scrape time, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from minserve.engine.engine import EngineStats
+from minserve.engine.outputs import RequestOutput
+from minserve.serve.protocol import finish_reason
+
+LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.request_success = Counter(
+            "minserve:request_success", "Finished requests by finish reason", ["finished_reason"], registry=r
+        )
+        self.requests_rejected = Counter(
+            "minserve:requests_rejected", "Requests refused before the engine, by reason", ["reason"], registry=r
+        )
+        self.prompt_tokens = Counter("minserve:prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("minserve:generation_tokens", "Tokens generated", registry=r)
+        self.prefix_cache_queries = Counter("minserve:prefix_cache_queries", "Prompt tokens looked up", registry=r)
+        self.prefix_cache_hits = Counter("minserve:prefix_cache_hits", "Prompt tokens found cached", registry=r)
+        self.ttft = Histogram("minserve:time_to_first_token_seconds", "TTFT", buckets=LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram(
+            "minserve:inter_token_latency_seconds", "Gaps between tokens", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.e2e = Histogram(
+            "minserve:e2e_request_latency_seconds", "Arrival to finish", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.queue_time = Histogram(
+            "minserve:request_queue_time_seconds", "Arrival to first step", buckets=LATENCY_BUCKETS_S, registry=r
+        )
+        self.running = Gauge("minserve:num_requests_running", "Requests in the running batch", registry=r)
+        self.waiting = Gauge("minserve:num_requests_waiting", "Requests waiting to be scheduled", registry=r)
+        self.kv_usage = Gauge("minserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0–1)", registry=r)
+        self.preemptions = Gauge("minserve:num_preemptions", "Preemptions since start", registry=r)
+
+    def observe_finished(self, output: RequestOutput) -> None:
+        m = output.metrics
+        self.request_success.labels(finished_reason=finish_reason(output) or "unknown").inc()
+        self.prompt_tokens.inc(len(output.prompt_token_ids))
+        self.generation_tokens.inc(len(output.token_ids))
+        self.prefix_cache_queries.inc(len(output.prompt_token_ids))
+        self.prefix_cache_hits.inc(output.num_cached_tokens)
+        if m.ttft_s is not None:
+            self.ttft.observe(m.ttft_s)
+        for gap in m.itl_s:
+            self.itl.observe(gap)
+        if m.e2e_s is not None:
+            self.e2e.observe(m.e2e_s)
+        if m.queue_s is not None:
+            self.queue_time.observe(m.queue_s)
+
+    def render(self, stats: EngineStats) -> bytes:
+        """The text exposition format, with the gauges read from ``stats`` now."""
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total)
+        self.preemptions.set(stats.num_preemptions)
+        return generate_latest(self.registry)

@@ -1,0 +1,18 @@
+"""Run the server: load the model, build the app, hand it to uvicorn."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from minserve.config import EngineConfig, ServerConfig
+from minserve.engine.async_engine import AsyncLLMEngine
+from minserve.serve.api import create_app
+
+
+def serve(engine_config: EngineConfig, server_config: ServerConfig, log_level: str = "info") -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM), then drain running requests and stop."""
+    engine = AsyncLLMEngine(engine_config)
+    app = create_app(engine, model_name=engine_config.model, config=server_config)
+    if server_config.host not in ("127.0.0.1", "localhost", "::1") and not server_config.api_key:
+        print(f"warning: serving on {server_config.host} without --api-key: anyone who can reach it can use it")
+    uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=log_level)
