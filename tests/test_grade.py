@@ -12,7 +12,12 @@ import pytest
 from minserve import grade
 
 EXERCISES = Path(__file__).resolve().parents[1] / "exercises"
-CHAPTERS = {"ch01": "ch01_metrics.py", "ch02": "ch02_detokenizer.py", "ch04": "ch04_kv_cache.py"}
+CHAPTERS = {
+    "ch01": "ch01_metrics.py",
+    "ch02": "ch02_detokenizer.py",
+    "ch04": "ch04_kv_cache.py",
+    "ch10": "ch10_loadtest.py",
+}
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -3,44 +3,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minserve.config import EngineConfig, ServerConfig
-from minserve.engine.async_engine import AsyncLLMEngine
-from minserve.serve.api import create_app
-
-MODEL = "minserve-tiny"
-
-
-class RunningServer:
-    """uvicorn on a free loopback port, in a thread; stopped (and drained) by ``stop``."""
-
-    def __init__(self, server_config: ServerConfig, **engine_options) -> None:
-        self.engine = AsyncLLMEngine(EngineConfig(model=MODEL, **engine_options))
-        app = create_app(self.engine, MODEL, server_config)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                break
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+from minserve.config import ServerConfig
+from tests.servers import MODEL, RunningServer
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +102,7 @@ def test_client_disconnect_mid_stream_frees_kv_blocks(server):
         lines = response.iter_lines()
         received = [line for _, line in zip(range(6), lines) if line.startswith("data:")]
         assert received and _kv_blocks_used(server) > 0
-    for _ in range(200):  # the engine notices at its next step
-        if _kv_blocks_used(server) == 0 and server.engine.num_in_flight == 0:
-            break
-        time.sleep(0.05)
+    server.wait_until_idle()  # the engine notices at its next step
     assert _kv_blocks_used(server) == 0 and server.engine.num_in_flight == 0
 
 
@@ -227,3 +196,34 @@ def test_graceful_shutdown_drains_a_running_request():
     caller.join(60)
     response = result["response"]
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 80
+
+
+def test_a_request_past_its_timeout_is_cancelled_and_frees_its_blocks():
+    running = RunningServer(ServerConfig(request_timeout_s=0.3), num_kv_blocks=64)
+    try:
+        body = {"model": MODEL, "prompt": "def slow():", "max_tokens": 900, "ignore_eos": True}
+        plain = httpx.post(running.url + "/v1/completions", json=body, timeout=60)
+        assert plain.status_code == 504 and plain.json()["error"]["code"] == "timeout"
+        streamed = httpx.post(running.url + "/v1/completions", json=body | {"stream": True}, timeout=60)
+        events = [line for line in streamed.text.splitlines() if line.startswith("data:")]
+        assert '"timeout"' in events[-1] and "[DONE]" not in events[-1]
+        running.wait_until_idle()
+        assert running.engine.stats().kv_blocks_used == 0
+        reasons = httpx.get(running.url + "/metrics").text
+        assert 'minserve:request_success_total{finished_reason="abort"} 2.0' in reasons
+    finally:
+        running.stop()
+
+
+def test_refusals_are_counted_by_reason(server):
+    before = httpx.get(server.url + "/metrics").text
+    httpx.post(server.url + "/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+    httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "top_p": 9})
+    after = httpx.get(server.url + "/metrics").text
+
+    def count(text: str, reason: str) -> float:
+        prefix = f'minserve:requests_rejected_total{{reason="{reason}"}} '
+        return sum(float(line.removeprefix(prefix)) for line in text.splitlines() if line.startswith(prefix))
+
+    assert count(after, "model_not_found") == count(before, "model_not_found") + 1
+    assert count(after, "invalid") == count(before, "invalid") + 1

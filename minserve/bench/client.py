@@ -48,6 +48,7 @@ class RequestResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     output_tokens_source: str = "chunks"
+    response_id: str | None = None  # the server's id for the request, to find it in the server's logs
     text: str = ""
 
     @property
@@ -200,6 +201,7 @@ async def _stream(
 
 def _take_event(event: dict[str, Any], result: RequestResult, received_s: float) -> None:
     """Record one decoded chunk: its time if it carries text, and the usage if it reports it."""
+    result.response_id = result.response_id or event.get("id")
     text = chunk_text(event)
     if text:
         result.chunk_times_s.append(received_s)

@@ -46,9 +46,13 @@ class _Prepared:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    """An OpenAI-style error answer. ``admitted``: the request had reached the engine (a timeout, say)."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, admitted: bool = False
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.admitted = status, message, param, code, admitted
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | None = None) -> FastAPI:
@@ -69,15 +73,21 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     app = FastAPI(title="minserve", lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
 
+    def refuse(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+        """An error answer for a request that never reached the engine, counted by reason."""
+        metrics.requests_rejected.labels(reason=code or "invalid").inc()
+        headers = {"Retry-After": str(config.retry_after_s)} if status in (429, 503) else None
+        return _error(status, message, param, code, headers)
+
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if config.api_key and request.url.path != "/health":
             supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
             if not secrets.compare_digest(supplied, config.api_key):
-                return _error(401, "invalid or missing API key (Authorization: Bearer …)", code="invalid_api_key")
+                return refuse(401, "invalid or missing API key (Authorization: Bearer …)", code="invalid_api_key")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return _error(413, f"request body over {config.max_body_bytes} bytes", code="body_too_large")
+            return refuse(413, f"request body over {config.max_body_bytes} bytes", code="body_too_large")
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -88,16 +98,17 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         message = first.get("msg", "invalid request")
         if first.get("type") == "json_invalid":
             message, param = "the request body is not valid JSON", None
-        metrics.requests_rejected.labels(reason="invalid").inc()
-        return _error(400, f"{param + ': ' if param else ''}{message}", param=param)
+        return refuse(400, f"{param + ': ' if param else ''}{message}", param=param)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
-        return _error(error.status, error.message, error.param, error.code, headers=_retry_after(error, config))
+        if error.admitted:  # it ran, and ended badly: the engine's own counters have it
+            return _error(error.status, error.message, error.param, error.code)
+        return refuse(error.status, error.message, error.param, error.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
-        return _error(error.status_code, str(error.detail))
+        return refuse(error.status_code, str(error.detail), code=f"http_{error.status_code}")
 
     @app.get("/health")
     async def health():
@@ -146,10 +157,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         except ValueError as error:
             message = str(error)
             param = message.split(":")[0].removeprefix("SamplingParams.").split()[0]
-            metrics.requests_rejected.labels(reason="invalid").inc()
             raise ApiError(400, message, param=param) from error
         if engine.stats().num_waiting >= config.max_waiting_requests:
-            metrics.requests_rejected.labels(reason="queue_full").inc()
             raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _Prepared(f"cmpl-{uuid.uuid4().hex}", prompt, ids, params, include_usage, model_name)
@@ -161,9 +170,10 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         try:
             final = await asyncio.wait_for(_last(outputs), timeout=config.request_timeout_s)
         except asyncio.TimeoutError as error:  # not the builtin TimeoutError before Python 3.11
-            raise ApiError(504, f"the request took longer than {config.request_timeout_s} s", code="timeout") from error
+            message = f"the request took longer than {config.request_timeout_s} s"
+            raise ApiError(504, message, code="timeout", admitted=True) from error
         except EngineDeadError as error:
-            raise ApiError(503, str(error), code="engine_error") from error
+            raise ApiError(503, str(error), code="engine_error", admitted=True) from error
         return _body(prepared, final, kind, final.text)
 
     async def _sse(prepared: _Prepared, outputs: AsyncIterator[RequestOutput], kind: str) -> AsyncIterator[str]:
@@ -233,10 +243,8 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def _error(status: int, message: str, param: str | None = None, code: str | None = None, headers=None):
+def _error(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+) -> JSONResponse:
     kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status)
     return JSONResponse(error_body(message, param, code, kind or "invalid_request_error"), status, headers=headers)
-
-
-def _retry_after(error: ApiError, config: ServerConfig) -> dict[str, str] | None:
-    return {"Retry-After": str(config.retry_after_s)} if error.status in (429, 503) else None
