@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from minserve.grade import add_grade_command
 from minserve.model.loader import DEFAULT_MODEL, EMBEDDED_MODELS
@@ -114,6 +115,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        enable_tracing=args.trace_out is not None or not args.no_tracing,
     )
     server_config = ServerConfig(
         host=args.host,
@@ -121,6 +123,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("MINSERVE_API_KEY"),
         max_waiting_requests=args.max_waiting_requests,
         request_timeout_s=args.request_timeout_s,
+        trace_out=None if args.trace_out is None else str(args.trace_out),
     )
     serve(engine_config, server_config, log_level=args.log_level)
     return 0
@@ -176,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=64)
     serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
     serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
+    serve.add_argument("--trace-out", type=Path, default=None, help="on exit, write the trace here (Perfetto JSON)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)
 

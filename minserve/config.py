@@ -52,6 +52,7 @@ class ServerConfig:
     Past ``max_waiting_requests`` queued requests, new ones get 429 with ``Retry-After: retry_after_s``.
     A request running longer than ``request_timeout_s`` is cancelled. On shutdown, running requests get
     up to ``shutdown_drain_s`` to finish. ``api_key``, when set, is required on every route but /health.
+    ``trace_out``: a file to write the engine's trace to (Chrome/Perfetto JSON) when the server stops.
     """
 
     host: str = "127.0.0.1"
@@ -62,6 +63,7 @@ class ServerConfig:
     retry_after_s: int = 1
     max_body_bytes: int = 4 * 2**20
     shutdown_drain_s: float = 30.0
+    trace_out: str | None = None
 
     def __post_init__(self) -> None:
         _positive("port", self.port, minimum=0)

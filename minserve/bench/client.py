@@ -100,6 +100,8 @@ def request_body(config: ClientConfig, request: BenchRequest) -> dict[str, Any]:
         "stream_options": {"include_usage": True},
     }
     if config.endpoint == "chat":
+        if not isinstance(request.prompt, str):
+            raise ValueError("the chat endpoint takes text prompts, not token ids")
         body["messages"] = [{"role": "user", "content": request.prompt}]
     else:
         body["prompt"] = request.prompt

@@ -108,10 +108,14 @@ def parse_length(spec: str, max_len: int) -> LengthDist:
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """One request to send. ``cancel_after_chunks``: the client hangs up after this many content chunks."""
+    """One request to send. ``cancel_after_chunks``: the client hangs up after this many content chunks.
+
+    ``prompt`` is text, or token ids (the completions endpoint takes both) to send a workload exactly as
+    another benchmark tokenized it.
+    """
 
     index: int
-    prompt: str
+    prompt: str | list[int]
     max_tokens: int
     prompt_len_target: int = 0  # corpus tokens; 0 when the prompt came from a file
     shares_prefix: bool = False

@@ -1,171 +1,303 @@
-"""The engine for a server: one thread runs ``step()`` forever; asyncio code awaits each request's outputs.
+"""The engine for a server: the engine core steps in its own process; asyncio code awaits each request's outputs.
 
-The step loop is plain, blocking Python (the model forward dominates it), so it runs in its own thread and
-the server's event loop stays free to accept, stream and reject. The two sides never wait on each other:
+    engine = AsyncLLMEngine(EngineConfig(model="minserve-tiny"))
+    async for output in engine.generate("def fib(n):", SamplingParams(max_tokens=16), request_id="r1"):
+        print(output.delta_text, end="")
 
-* requests go *in* through a thread-safe inbox, which the engine thread drains before every step;
-* outputs come *out* through ``call_soon_threadsafe`` into a per-request ``asyncio.Queue``;
-* statistics are a snapshot the engine thread refreshes after every step, so reading them costs nothing.
+Three parts, and the two sides never wait on each other:
 
-Only the engine thread touches the engine's state (scheduler, blocks, sequences). ``abort`` is the one
-exception, and :meth:`LLMEngine.abort_request` is thread-safe for that reason.
+* the **engine core** (:mod:`minserve.engine.core_process`) runs ``LLMEngine.step()`` in a child process, so
+  the server's Python never competes with the model's forward pass for the GIL;
+* this **front end**, in the server's process, checks and tokenizes requests itself (it holds the tokenizer,
+  not the model) and sends them down a pipe;
+* a **reader thread** receives each step's deltas, adds them to every request's running text and token ids,
+  and hands the step's outputs to the event loop in one ``call_soon_threadsafe``, where each goes to its
+  request's :class:`OutputCollector`.
+
+A consumer that falls behind (a slow client, a busy event loop) does not make outputs pile up: the collector
+merges a new output into the one still waiting, text deltas concatenated, as vLLM's does. The stream then
+sends several tokens in one chunk instead of one chunk per token, late.
+
+Times cross processes unchanged: ``time.perf_counter`` reads the system's monotonic clock, the same in both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
+import multiprocessing
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from minserve.config import EngineConfig
-from minserve.engine.engine import EngineStats, LLMEngine, Prompt
-from minserve.engine.outputs import RequestOutput
+from minserve.engine.core_process import EngineInfo, OutputDelta, run_engine_core
+from minserve.engine.engine import EngineStats, Prompt
+from minserve.engine.input_processor import InputProcessor
+from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
+from minserve.model.tokenizer import Tokenizer
+from minserve.trace import TraceEvent
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint from disk can take minutes
+SHUTDOWN_TIMEOUT_S = 10.0
 
 
 class EngineDeadError(RuntimeError):
-    """The engine's step raised: the requests in flight were failed with this error."""
+    """The engine core failed or is gone: the requests in flight were failed with this error."""
 
 
-@dataclass(frozen=True)
-class _NewRequest:
-    request_id: str
-    prompt: Prompt
-    params: SamplingParams
+class OutputCollector:
+    """One request's latest undelivered output, on one event loop; a newer output is merged into it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: RequestOutput | BaseException | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """(On the event loop.) An error replaces anything pending; outputs merge, deltas concatenated."""
+        pending = self._pending
+        if isinstance(pending, BaseException):
+            return  # the request has failed: nothing after that matters
+        if isinstance(pending, RequestOutput) and isinstance(item, RequestOutput):
+            item.delta_text = pending.delta_text + item.delta_text  # the rest of `item` is the newer snapshot
+        self._pending = item
+        self._ready.set()
+
+    async def get(self) -> RequestOutput | BaseException:
+        await self._ready.wait()
+        self._ready.clear()
+        item, self._pending = self._pending, None
+        return item
+
+
+@dataclass
+class _RequestState:
+    """The front end's running totals for one request (the core sends only what each step added)."""
+
+    collector: OutputCollector
+    prompt: str | None
     prompt_token_ids: list[int]
+    arrival_time_s: float
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[float] | None = None
+    listening: bool = True  # False once the caller left: outputs are still counted, no longer delivered
 
-
-@dataclass(frozen=True)
-class _Listener:
-    """Where one request's outputs go: a queue that belongs to one event loop."""
-
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    def apply(self, delta: OutputDelta) -> RequestOutput:
+        self.token_ids += delta.new_token_ids
+        self.text += delta.delta_text
+        if delta.new_logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.new_logprobs
+        return RequestOutput(
+            request_id=delta.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            text=self.text,
+            token_ids=list(self.token_ids),
+            finish_reason=delta.finish_reason,
+            metrics=delta.metrics or RequestMetrics(arrival_time_s=self.arrival_time_s),
+            num_cached_tokens=delta.num_cached_tokens,
+            stop_reason=delta.stop_reason,
+            delta_text=delta.delta_text,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+        )
 
 
 class AsyncLLMEngine:
-    """An :class:`LLMEngine` in a background thread, driven from asyncio.
+    """The front end of an engine core process, driven from asyncio.
 
-    ``on_finished`` is called, in the engine thread, with the final output of *every* request, including
+    ``on_finished`` is called, in the reader thread, with the final output of *every* request, including
     those cancelled after their client left: the server counts its metrics there, so nothing goes unseen.
+    Raises ``ValueError`` when the core cannot start (a bad model path, an impossible configuration).
     """
 
     def __init__(self, config: EngineConfig, on_finished: Callable[[RequestOutput], None] | None = None) -> None:
-        self.engine = LLMEngine(config)
+        self.config = config
         self.on_finished = on_finished
-        self._inbox: queue.SimpleQueue[_NewRequest] = queue.SimpleQueue()
-        self._listeners: dict[str, _Listener] = {}
-        self._wakeup = threading.Event()
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or CUDA state forked
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=run_engine_core, args=(config, child_conn), name="minserve-engine-core", daemon=True
+        )
+        self._process.start()
+        child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF
+        self.info = self._wait_until_ready()
+        self.tokenizer = Tokenizer(Path(self.info.model_dir))
+        self.inputs = InputProcessor(
+            self.tokenizer, self.info.vocab_size, self.info.max_model_len, self.info.kv_capacity_tokens
+        )
+        self.max_model_len = self.info.max_model_len
+        self._stats = self.info.stats
+        self._requests: dict[str, _RequestState] = {}
+        self._send_lock = threading.Lock()
+        self._dead: str | None = None
         self._stopping = False
-        self._stats = self.engine.stats()
-        self._thread = threading.Thread(target=self._run, name="minserve-engine", daemon=True)
-        self._thread.start()
+        self._trace_reply: list[TraceEvent] | None = None
+        self._trace_ready = threading.Event()
+        self._reader = threading.Thread(target=self._read_from_core, name="minserve-engine-reader", daemon=True)
+        self._reader.start()
+
+    def _wait_until_ready(self) -> EngineInfo:
+        if not self._conn.poll(STARTUP_TIMEOUT_S):
+            self._process.kill()
+            raise ValueError(f"the engine core did not start within {STARTUP_TIMEOUT_S:g} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            kind, payload = "startup_error", f"the engine core exited with code {self._process.exitcode}"
+        if kind != "ready":
+            self._process.join(SHUTDOWN_TIMEOUT_S)
+            raise ValueError(f"the engine could not start: {payload}")
+        return payload
 
     # --- from the event loop ----------------------------------------------------------------------------
 
     async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str, prompt_token_ids: list[int] | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time_s: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them. Leaving early cancels it.
 
-        A request the engine refuses raises ``ValueError`` before anything is queued.
+        A request the engine refuses raises ``ValueError``; a dead engine raises :class:`EngineDeadError`.
+        ``arrival_time_s`` (``time.perf_counter``) defaults to now; a server passes when the request came in.
         """
-        if self._stopping:
-            raise EngineDeadError("the engine is shut down")
-        # encode and check_fits read only the tokenizer and fixed limits: safe outside the engine thread.
-        ids = prompt_token_ids if prompt_token_ids is not None else self.engine.encode(prompt)
-        self.engine.check_fits(ids, params)
-        listener = _Listener(asyncio.get_running_loop(), asyncio.Queue())
-        self._listeners[request_id] = listener
-        self._inbox.put(_NewRequest(request_id, prompt, params, ids))
-        self._wakeup.set()
+        if self._dead is not None or self._stopping:
+            raise EngineDeadError(self._dead or "the engine is shut down")
+        arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
+        ids = prompt_token_ids if prompt_token_ids is not None else self.inputs.encode(prompt)
+        self.inputs.check_fits(ids, params)
+        if request_id in self._requests:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
+        state = _RequestState(
+            OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
+        )
+        self._requests[request_id] = state
+        self._send(("add", request_id, prompt, params, ids, arrival_s))
         finished = False
         try:
             while not finished:
-                item = await listener.queue.get()
+                item = await state.collector.get()
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
                 yield item
         finally:
-            self._listeners.pop(request_id, None)
-            if not finished:  # the caller left (client disconnected, timeout): free the blocks
+            if finished:
+                self._requests.pop(request_id, None)
+            else:  # the caller left (client disconnected, timeout): free the blocks; the final output is
+                state.listening = False  # still counted when the core reports it
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request; the engine frees its blocks at its next step."""
-        self.engine.abort_request(request_id)
-        self._wakeup.set()
+        """Cancel a request; the core frees its blocks at its next step."""
+        with contextlib.suppress(EngineDeadError):  # a dead core holds no blocks to free
+            self._send(("abort", request_id))
 
     def stats(self) -> EngineStats:
-        """The engine's statistics as of its last step; requests still in the inbox count as waiting."""
-        return replace(self._stats, num_waiting=self._stats.num_waiting + self._inbox.qsize())
+        """The core's statistics as of its last step. Requests still on their way to it count as waiting."""
+        stats = self._stats
+        return replace(stats, num_waiting=max(stats.num_waiting, self.num_in_flight - stats.num_running))
 
     @property
     def num_in_flight(self) -> int:
         """Requests someone is still waiting on."""
-        return len(self._listeners)
+        return sum(state.listening for state in list(self._requests.values()))
 
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop the engine thread after its current step. Requests still running are abandoned."""
-        self._stopping = True
-        self._wakeup.set()
-        self._thread.join(timeout_s)
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and not self._stopping and self._process.is_alive()
 
-    # --- the engine thread ------------------------------------------------------------------------------
+    def trace_events(self, timeout_s: float = 30.0) -> list[TraceEvent]:
+        """Every trace event the core has recorded (blocking: call it from a thread, not the event loop)."""
+        self._trace_ready.clear()
+        self._send(("trace",))
+        if not self._trace_ready.wait(timeout_s):
+            raise TimeoutError(f"the engine core sent no trace within {timeout_s:g} s")
+        return self._trace_reply or []
 
-    def _run(self) -> None:
-        while not self._stopping:
-            if not self.engine.has_unfinished_requests() and self._inbox.empty():
-                self._wakeup.wait()
-                self._wakeup.clear()  # anything that arrived before this is already in the inbox
-                continue
-            self._admit_new_requests()
-            try:
-                outputs = self.engine.step()
-            except Exception as error:  # a bug must fail the requests in flight, not hang them
-                self._fail_everything(error)
-                continue
-            self._stats = self.engine.stats()
-            for output in outputs:
-                self._deliver(output)
-
-    def _admit_new_requests(self) -> None:
-        while not self._inbox.empty():
-            new = self._inbox.get()
-            if new.request_id not in self._listeners:
-                continue  # cancelled before it reached the engine
-            try:
-                self.engine.add_request(new.prompt, new.params, new.request_id, prompt_token_ids=new.prompt_token_ids)
-            except ValueError as error:
-                self._send(new.request_id, error)
-
-    def _fail_everything(self, error: Exception) -> None:
-        for request_id in list(self.engine.requests):
-            self.engine.abort_request(request_id)
-        try:
-            ended = self.engine.process_aborts()
-        except Exception:  # the step that failed may have left state that cannot be cleaned
-            ended = []
-        for output in ended:
-            output.finish_reason = "error"
-            if self.on_finished is not None:
-                self.on_finished(output)
-        self._stats = self.engine.stats()
-        for request_id in list(self._listeners):
-            self._send(request_id, EngineDeadError(f"the engine failed: {type(error).__name__}: {error}"))
-
-    def _deliver(self, output: RequestOutput) -> None:
-        if output.finished and self.on_finished is not None:
-            self.on_finished(output)
-        self._send(output.request_id, output)
-
-    def _send(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        listener = self._listeners.get(request_id)
-        if listener is None:  # nobody is listening any more (the client left)
+    def shutdown(self, trace_out: str | None = None) -> None:
+        """Stop the core after its current step (writing its trace to ``trace_out`` first, if given)."""
+        if self._stopping:
             return
-        with contextlib.suppress(RuntimeError):  # that event loop is closed
-            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, item)
+        self._stopping = True
+        with contextlib.suppress(EngineDeadError):
+            self._send(("shutdown", trace_out))
+        self._process.join(SHUTDOWN_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+    def _send(self, message: tuple) -> None:
+        with self._send_lock:
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError) as error:  # the pipe is closed: the core is gone
+                raise EngineDeadError(self._dead or "the engine core is gone") from error
+
+    # --- the reader thread ------------------------------------------------------------------------------
+
+    def _read_from_core(self) -> None:
+        try:
+            while True:
+                kind, *payload = self._conn.recv()
+                if kind == "step":
+                    self._take_step(*payload)
+                elif kind == "rejected":
+                    request_id, message = payload
+                    self._deliver([(request_id, ValueError(message))])
+                    self._requests.pop(request_id, None)
+                elif kind == "trace":
+                    self._trace_reply = payload[0]
+                    self._trace_ready.set()
+                elif kind == "dead":
+                    self._fail_everything(f"the engine failed: {payload[0]}")
+                    return
+        except (EOFError, OSError):
+            if not self._stopping:
+                self._fail_everything(f"the engine core exited with code {self._process.exitcode}")
+
+    def _take_step(self, deltas: list[OutputDelta], stats: EngineStats) -> None:
+        self._stats = stats
+        items: list[tuple[str, RequestOutput | BaseException]] = []
+        for delta in deltas:
+            state = self._requests.get(delta.request_id)
+            if state is None:
+                continue
+            output = state.apply(delta)
+            if output.finished:
+                if self.on_finished is not None:
+                    self.on_finished(output)
+                if not state.listening:
+                    del self._requests[delta.request_id]
+            items.append((delta.request_id, output))
+        self._deliver(items)
+
+    def _fail_everything(self, message: str) -> None:
+        self._dead = message
+        self._deliver([(request_id, EngineDeadError(message)) for request_id in list(self._requests)])
+        self._requests.clear()
+
+    def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand a step's items to their collectors: one wake-up per event loop, not one per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputCollector, RequestOutput | BaseException]]] = {}
+        for request_id, item in items:
+            state = self._requests.get(request_id)
+            if state is not None and state.listening:
+                by_loop.setdefault(state.collector.loop, []).append((state.collector, item))
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that event loop is closed
+                loop.call_soon_threadsafe(_put_all, batch)
+
+
+def _put_all(batch: list[tuple[OutputCollector, RequestOutput | BaseException]]) -> None:
+    for collector, item in batch:
+        collector.put(item)

@@ -13,8 +13,9 @@ block is handed out again is its old name forgotten; the free queue is in least-
 that is LRU eviction.
 
 Invariants (``check_invariants`` asserts them; the tests call it after random workloads):
-a block's ``ref_count`` is the number of live sequences whose table holds it; the free queue holds exactly
-the blocks at count zero, once each; every named block is registered under its name.
+a block's ``ref_count`` is the number of live sequences whose table holds it, and no table holds a block
+twice; the free queue holds exactly the blocks at count zero, once each; only named (full, hashed) blocks
+are ever shared, at the same position in every table; every named block is registered under its name.
 """
 
 from __future__ import annotations
@@ -178,13 +179,71 @@ class BlockManager:
     # --- invariants -------------------------------------------------------------------------------------
 
     def check_invariants(self, live: Iterable[Sequence]) -> None:
-        """Assert the accounting is exact: no block leaked, double-owned or lost from the free queue."""
-        holders = [0] * self.num_blocks
+        """Raise ``AssertionError`` unless the accounting is exact: no block leaked, double-owned or lost.
+
+        ``live`` is every sequence not yet finished (waiting ones hold no blocks). Checked:
+
+        - every block id in a table is a real block, and no table holds the same block twice;
+        - a block's ``ref_count`` is the number of tables that hold it, and it is in the free queue
+          exactly when that number is zero;
+        - only a named block is shared (``ref_count > 1``): sharing happens only through a prefix-cache hit.
+          A shared block sits at the same index in every holder's table (its name is the hash chain of
+          the whole prefix up to it, so it can stand at one position only);
+        - a named block is full, registered under its name (and the name only under it), and holds
+          the tokens that each holder has at that position;
+        - with prefix caching off, nothing is named.
+
+        It raises explicitly rather than with ``assert`` statements, so it also checks under ``python -O``.
+        """
+        positions: list[list[tuple[Sequence, int]]] = [[] for _ in range(self.num_blocks)]
         for seq in live:
-            for block_id in seq.block_table:
-                holders[block_id] += 1
+            _require(
+                len(set(seq.block_table)) == len(seq.block_table),
+                f"request {seq.request_id}: a block appears twice in its table {seq.block_table}",
+            )
+            for index, block_id in enumerate(seq.block_table):
+                _require(0 <= block_id < self.num_blocks, f"request {seq.request_id}: no block {block_id}")
+                positions[block_id].append((seq, index))
         for block in self.blocks:
-            assert block.ref_count == holders[block.block_id], f"block {block.block_id}: ref_count mismatch"
-            assert (block.ref_count == 0) == (block.block_id in self.free_queue), f"block {block.block_id}"
+            holders = positions[block.block_id]
+            where = f"block {block.block_id}"
+            _require(
+                block.ref_count == len(holders),
+                f"{where}: ref_count {block.ref_count} but held by {len(holders)} table entries",
+            )
+            _require(
+                (block.ref_count == 0) == (block.block_id in self.free_queue),
+                f"{where}: ref_count {block.ref_count} but {'in' if block.block_id in self.free_queue else 'not in'} "
+                "the free queue",
+            )
+            if len(holders) > 1:
+                _require(
+                    block.block_hash is not None,
+                    f"{where}: unnamed but shared by requests {[seq.request_id for seq, _ in holders]}",
+                )
+                _require(
+                    len({index for _, index in holders}) == 1,
+                    f"{where}: shared at different positions {[(seq.request_id, i) for seq, i in holders]}",
+                )
+            if block.block_hash is not None:
+                _require(self.enable_prefix_caching, f"{where}: named while prefix caching is off")
+                _require(len(block.token_ids) == self.block_size, f"{where}: named but not full")
+                _require(self.hash_to_block.get(block.block_hash) == block.block_id, f"{where}: name not registered")
+                for seq, index in holders:
+                    tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+                    _require(
+                        tokens == block.token_ids,
+                        f"{where}: holds other tokens than request {seq.request_id} has at block {index}",
+                    )
+        num_unheld = sum(1 for block in self.blocks if block.ref_count == 0)
+        _require(len(self.free_queue) == num_unheld, f"free queue holds {len(self.free_queue)}, not {num_unheld}")
         for block_hash, block_id in self.hash_to_block.items():
-            assert self.blocks[block_id].block_hash == block_hash
+            _require(
+                0 <= block_id < self.num_blocks and self.blocks[block_id].block_hash == block_hash,
+                f"name {block_hash} points at block {block_id}, which does not carry it",
+            )
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)

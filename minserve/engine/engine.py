@@ -17,6 +17,7 @@ import torch
 from minserve.config import EngineConfig
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.detokenizer import IncrementalDetokenizer
+from minserve.engine.input_processor import InputProcessor
 from minserve.engine.model_runner import ModelRunner
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampler import make_generator
@@ -62,6 +63,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        capacity_tokens = num_blocks * config.block_size
+        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len, capacity_tokens)
         self.tracer = Tracer(enabled=config.enable_tracing)
         self.requests: dict[str, Sequence] = {}
         self._request_counter = itertools.count()
@@ -71,34 +74,12 @@ class LLMEngine:
     # --- requests in -------------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt, index: int | None = None) -> list[int]:
-        """Token ids of a prompt, checked. ``index`` only makes the error message point at the prompt."""
-        where = "prompt" if index is None else f"prompt {index}"
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            vocab = self.model_config.vocab_size
-            if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-                raise ValueError(f"{where}: token ids must be integers in [0, {vocab})")
-        if not ids:
-            raise ValueError(f"{where}: the prompt is empty")
-        return ids
+        """Token ids of a prompt, checked (see :class:`InputProcessor`)."""
+        return self.inputs.encode(prompt, index)
 
     def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Refuse a request that could never run: too long for the context, or for the whole KV cache."""
-        n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt: {n} tokens leave no room to generate within the context of {self.max_model_len} "
-                "tokens; shorten the prompt"
-            )
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        needed = min(n + params.max_tokens, self.max_model_len)
-        if needed > capacity:
-            raise ValueError(
-                f"max_tokens: prompt ({n}) + max_tokens ({params.max_tokens}) = {needed} tokens is more than the "
-                f"whole KV cache holds ({capacity} tokens); lower max_tokens or give the cache more memory"
-            )
+        self.inputs.check_fits(prompt_token_ids, params)
 
     def add_request(
         self,

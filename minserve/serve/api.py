@@ -16,7 +16,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minserve.config import ServerConfig
 from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
@@ -43,6 +44,7 @@ class _Prepared:
     params: SamplingParams
     include_usage: bool
     model: str
+    arrival_time_s: float  # time.perf_counter() when the server began handling it
 
 
 class ApiError(Exception):
@@ -53,6 +55,35 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.admitted = status, message, param, code, admitted
+
+
+class RequestGuard:
+    """API key and body size, checked before anything is parsed.
+
+    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
+    would pass every chunk of every stream through an extra queue and task switch.
+    """
+
+    def __init__(self, app: ASGIApp, config: ServerConfig, refuse: Callable[..., JSONResponse]) -> None:
+        self.app, self.config, self.refuse = app, config, refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            problem = self._problem(scope["path"], dict(scope["headers"]))
+            if problem is not None:
+                await self.refuse(*problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _problem(self, path: str, headers: dict[bytes, bytes]) -> tuple[int, str, None, str] | None:
+        if self.config.api_key and path != "/health":
+            supplied = headers.get(b"authorization", b"").decode(errors="replace").removeprefix("Bearer ").strip()
+            if not secrets.compare_digest(supplied, self.config.api_key):
+                return 401, "invalid or missing API key (Authorization: Bearer …)", None, "invalid_api_key"
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.config.max_body_bytes:
+            return 413, f"request body over {self.config.max_body_bytes} bytes", None, "body_too_large"
+        return None
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | None = None) -> FastAPI:
@@ -68,7 +99,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         deadline = time.monotonic() + config.shutdown_drain_s
         while engine.num_in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        engine.shutdown()
+        engine.shutdown(trace_out=config.trace_out)
 
     app = FastAPI(title="minserve", lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
@@ -79,16 +110,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         headers = {"Retry-After": str(config.retry_after_s)} if status in (429, 503) else None
         return _error(status, message, param, code, headers)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if config.api_key and request.url.path != "/health":
-            supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not secrets.compare_digest(supplied, config.api_key):
-                return refuse(401, "invalid or missing API key (Authorization: Bearer …)", code="invalid_api_key")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return refuse(413, f"request body over {config.max_body_bytes} bytes", code="body_too_large")
-        return await call_next(request)
+    app.add_middleware(RequestGuard, config=config, refuse=refuse)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
@@ -112,6 +134,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
     @app.get("/health")
     async def health():
+        if not engine.is_alive and not state["draining"]:
+            return JSONResponse({"status": "engine_dead"}, status_code=503)
         return {"status": "draining" if state["draining"] else "ok"}
 
     @app.get("/v1/models")
@@ -130,22 +154,23 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
         try:
-            prompt = engine.engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+            prompt = engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
         except ValueError as error:
             raise ApiError(400, str(error), param="messages") from error
         prepared = _prepare(body, prompt, body.max_completion_tokens or body.max_tokens)
         return await _respond(prepared, body.stream, "chat.completion")
 
     def _prepare(body: SamplingFields, prompt: str | list[int], max_tokens: int | None) -> _Prepared:
+        arrival_s = time.perf_counter()
         if state["draining"]:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
         if body.model != model_name:
             raise ApiError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")  # fmt: skip
         try:
-            ids = engine.engine.encode(prompt)
+            ids = engine.inputs.encode(prompt)
             params = SamplingParams(
-                max_tokens=max_tokens or max(1, engine.engine.max_model_len - len(ids)),
+                max_tokens=max_tokens or max(1, engine.max_model_len - len(ids)),
                 temperature=body.temperature,
                 top_k=body.top_k,
                 top_p=body.top_p,
@@ -153,7 +178,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
                 stop=body.stop,
                 ignore_eos=body.ignore_eos,
             )
-            engine.engine.check_fits(ids, params)
+            engine.inputs.check_fits(ids, params)
         except ValueError as error:
             message = str(error)
             param = message.split(":")[0].removeprefix("SamplingParams.").split()[0]
@@ -161,10 +186,12 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         if engine.stats().num_waiting >= config.max_waiting_requests:
             raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _Prepared(f"cmpl-{uuid.uuid4().hex}", prompt, ids, params, include_usage, model_name)
+        return _Prepared(f"cmpl-{uuid.uuid4().hex}", prompt, ids, params, include_usage, model_name, arrival_s)
 
     async def _respond(prepared: _Prepared, stream: bool, kind: str):
-        outputs = engine.generate(prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids)
+        outputs = engine.generate(
+            prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids, prepared.arrival_time_s
+        )
         if stream:
             return StreamingResponse(_sse(prepared, outputs, kind), media_type="text/event-stream")
         try:
