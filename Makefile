@@ -5,7 +5,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# The CPU wheel of torch; installing it first keeps pip from pulling a multi-GB CUDA build.
+# torch goes in first and on its own. It is the CPU wheel only where pip finds one: a CPU wheelhouse (the course
+# machines' PIP_FIND_LINKS) or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; else PyPI's CUDA build.
 TORCH  ?= torch==2.13.0
 
 .PHONY: demo test install lint test-unit lab models clean

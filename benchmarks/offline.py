@@ -113,8 +113,14 @@ def run_side(args) -> dict:
     else:
         result = run_minserve(args.model, requests, serial=args.side == "minserve-serial")
     result["tokens_per_s"] = result["output_tokens"] / result["wall_s"]
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    result["peak_rss_bytes"] = peak_rss_bytes()
     return result
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size. ``ru_maxrss`` is in bytes on macOS and in KiB on Linux."""
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ preemption); after every step no block may be leaked, double-owned or lost from 
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,3 +142,59 @@ def test_least_recently_freed_cached_block_is_evicted_first():
     scheduler.add(_sequence(3, [1, 1, 9], max_tokens=1))
     _step(scheduler, block_manager, next_token=0)
     block_manager.check_invariants([])
+
+
+def _two_sequences_with_blocks() -> tuple[BlockManager, Sequence, Sequence]:
+    """A clean manager: ``a`` holds two named full blocks and a partial one; ``b`` one partial block."""
+    block_manager = BlockManager(num_blocks=8, block_size=4)
+    a, b = _sequence(0, [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=1), _sequence(1, [7, 7, 7], max_tokens=1)
+    for seq in (a, b):
+        block_manager.allocate(seq, seq.num_tokens)
+        seq.num_computed_tokens = seq.num_tokens
+        block_manager.name_full_blocks(seq)
+    block_manager.check_invariants([a, b])
+    return block_manager, a, b
+
+
+def _share(block_manager: BlockManager, seq: Sequence, block_id: int) -> None:
+    """Corrupt on purpose: give ``seq`` the block and keep ref_count equal to the number of holders."""
+    seq.block_table.append(block_id)
+    block_manager.blocks[block_id].ref_count += 1
+
+
+def test_invariants_catch_an_unnamed_block_owned_by_two_sequences():
+    block_manager, a, b = _two_sequences_with_blocks()
+    unnamed = a.block_table[2]  # a's partial third block: never named, so never shareable
+    assert block_manager.blocks[unnamed].block_hash is None
+    fresh = _sequence(2, [5, 5], max_tokens=1)
+    _share(block_manager, fresh, unnamed)
+    # Every ref_count still equals its number of holders: only the "shared means named" rule sees this.
+    with pytest.raises(AssertionError, match="unnamed but shared"):
+        block_manager.check_invariants([a, b, fresh])
+
+
+def test_invariants_catch_a_block_twice_in_one_table():
+    block_manager, a, b = _two_sequences_with_blocks()
+    _share(block_manager, b, b.block_table[0])
+    with pytest.raises(AssertionError, match="appears twice"):
+        block_manager.check_invariants([a, b])
+
+
+def test_invariants_catch_a_named_block_shared_at_another_position():
+    block_manager, a, b = _two_sequences_with_blocks()
+    _share(block_manager, b, a.block_table[0])  # a's first block as b's second: a different prefix
+    with pytest.raises(AssertionError, match="different positions"):
+        block_manager.check_invariants([a, b])
+
+
+@pytest.mark.parametrize("corruption", ["ref_count", "free_queue", "lost_name"])
+def test_invariants_catch_broken_counts_and_names(corruption):
+    block_manager, a, b = _two_sequences_with_blocks()
+    if corruption == "ref_count":
+        block_manager.blocks[b.block_table[0]].ref_count += 1  # counted, but nobody holds it
+    elif corruption == "free_queue":
+        block_manager.free_queue[a.block_table[0]] = None  # held, yet handed out as free
+    else:
+        del block_manager.hash_to_block[block_manager.blocks[a.block_table[0]].block_hash]
+    with pytest.raises(AssertionError):
+        block_manager.check_invariants([a, b])

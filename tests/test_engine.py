@@ -48,6 +48,116 @@ def test_batched_greedy_equals_one_at_a_time(reference, options):
     llm.engine.block_manager.check_invariants([])
 
 
+def _shared_prefix_workload(n: int = 12, prefix_tokens: int = 48, seed: int = 1):
+    """Prompts that all start with the same ``prefix_tokens`` tokens (six full blocks of 8), then differ."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(2048) for _ in range(prefix_tokens)]
+    prompts = [shared + [rng.randrange(2048) for _ in range(rng.randint(1, 20))] for _ in range(n)]
+    params = [SamplingParams(max_tokens=rng.randint(1, 25), temperature=0.0, ignore_eos=True) for _ in range(n)]
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def shared_prefix_reference():
+    llm = LLM(enable_tracing=False)
+    prompts, params = _shared_prefix_workload()
+    expected = [[t for t, _ in generate_token_ids(llm.model, p, sp)] for p, sp in zip(prompts, params)]
+    return prompts, params, expected
+
+
+@pytest.mark.parametrize(
+    ("options", "warm"),
+    [
+        # The first request prefills the shared prefix alone; the rest are admitted after and hit it.
+        ({"block_size": 8, "max_num_batched_tokens": 64}, False),
+        # Defaults: all are admitted in the first step, so the hits come from an earlier generate call.
+        ({"block_size": 8}, True),
+        ({"block_size": 8, "num_kv_blocks": 16, "max_num_batched_tokens": 48}, False),  # forces preemption
+        ({"block_size": 8, "max_num_seqs": 3, "max_num_batched_tokens": 16}, False),  # chunked prompts
+    ],
+    ids=["prefix-hits", "warm-cache", "prefix-hits-preemption", "prefix-hits-chunked"],
+)
+def test_shared_prefix_hits_leave_outputs_unchanged(shared_prefix_reference, options, warm):
+    prompts, params, expected = shared_prefix_reference
+    llm = LLM(enable_prefix_caching=True, **options)
+    if warm:
+        llm.generate(prompts[:1], params[:1])
+    outputs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == expected
+    stats = llm.stats()
+    assert stats["prefix_cache_hit_rate"] > 0
+    assert sum(o.num_cached_tokens > 0 for o in outputs) >= len(prompts) - 1  # the prefix really was shared
+    if "num_kv_blocks" in options:
+        assert stats["num_preemptions"] > 0
+    assert stats["kv_blocks_used"] == 0
+    llm.engine.block_manager.check_invariants([])
+
+
+def test_reference_loop_leaves_an_llm_working():
+    """The yardstick borrows the engine's model; afterwards the engine must generate exactly as before."""
+    llm = LLM(enable_tracing=False)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = ["def add(a, b):", "import os\n"]
+    before = [o.token_ids for o in llm.generate(prompts, params)]
+    caches = [layer.self_attn.kv_cache for layer in llm.model.layers]
+    reference = [t for t, _ in generate_token_ids(llm.model, llm.tokenizer.encode(prompts[0]), params)]
+    assert reference == before[0]
+    assert all(layer.self_attn.kv_cache is c for layer, c in zip(llm.model.layers, caches))
+    assert [o.token_ids for o in llm.generate(prompts, params)] == before
+    # Even while the reference loop is paused between two tokens, the engine's caches are in place.
+    paused = generate_token_ids(llm.model, llm.tokenizer.encode(prompts[1]), params)
+    first = next(paused)[0]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == before
+    assert [first] + [t for t, _ in paused] == before[1]
+
+
+def test_steps_respect_the_token_budget_and_sequence_cap_and_mix_prefill_with_decode():
+    budget, max_seqs = 40, 3
+    llm = LLM(max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_tracing=False)
+    engine = llm.engine
+    schedule = engine.scheduler.schedule
+    steps = []  # per step: [(request id, tokens, "prefill" | "decode")] and the number running
+
+    def recording_schedule():
+        batch = schedule()
+        kinds = [
+            "decode" if n == 1 and seq.output_token_ids and seq.num_uncomputed_tokens == 1 else "prefill"
+            for seq, n in zip(batch.seqs, batch.num_new_tokens)
+        ]
+        rows = [(seq.request_id, n, kind) for seq, n, kind in zip(batch.seqs, batch.num_new_tokens, kinds)]
+        steps.append((rows, len(engine.scheduler.running)))
+        return batch
+
+    engine.scheduler.schedule = recording_schedule
+    rng = random.Random(3)
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    first = [engine.add_request([rng.randrange(2048) for _ in range(30)], params) for _ in range(5)]
+    late, added_at, finished = None, 4, {}
+    for step in range(1000):
+        if step == added_at:
+            late = engine.add_request([rng.randrange(2048) for _ in range(30)], params)
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        if not engine.has_unfinished_requests():
+            break
+    assert sorted(finished) == sorted([*first, late])
+    assert all(len(o.token_ids) == 10 for o in finished.values())
+
+    tokens_per_step = [sum(n for _, n, _ in rows) for rows, _ in steps]
+    assert max(tokens_per_step) == budget  # the budget is reached, never exceeded
+    assert max(len(rows) for rows, _ in steps) == max_seqs
+    assert max(running for _, running in steps) == max_seqs
+    assert all(len(rows) <= max_seqs for rows, _ in steps)
+    assert any(kind == "prefill" and n < 30 for rows, _ in steps for _, n, kind in rows)  # a chunked prompt
+    mixed = [i for i, (rows, _) in enumerate(steps) if {"prefill", "decode"} <= {kind for *_, kind in rows}]
+    assert mixed, "no step ran a prefill chunk together with decodes"
+    # The late request joins a running batch at a later step, next to requests that arrived before it.
+    joined = min(i for i, (rows, _) in enumerate(steps) if any(rid == late for rid, *_ in rows))
+    assert joined >= added_at
+    assert any(rid in first for rid, *_ in steps[joined][0])
+
+
 def test_seeded_sampling_is_the_same_in_any_batch():
     llm = LLM()
     params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=123, ignore_eos=True)

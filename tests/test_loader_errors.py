@@ -122,7 +122,9 @@ def test_hub_id_offline_and_uncached_says_so(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache"):
+    with pytest.raises(
+        ModelNotFoundError, match="not in the local Hugging Face cache.*`hf download someone/some-model`"
+    ):
         resolve_model_path("someone/some-model")
 
 

@@ -81,7 +81,8 @@ def _from_hub(repo_id: str) -> Path:
         raise ModelNotFoundError(
             f"model {repo_id!r} is not in the local Hugging Face cache and the hub cannot be reached "
             "(offline, or HF_HUB_OFFLINE=1). Download it on a connected machine with "
-            f"`huggingface-cli download {repo_id}` or pass a local checkpoint directory."
+            f"`hf download {repo_id}` (`huggingface-cli download {repo_id}` before huggingface_hub 0.34) "
+            "or pass a local checkpoint directory."
         ) from error
     except HfHubHTTPError as error:
         raise ModelNotFoundError(f"model {repo_id!r} could not be fetched from the hub: {error}") from error
