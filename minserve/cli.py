@@ -1,4 +1,4 @@
-"""The ``minserve`` command: ``generate``, ``demo``, ``models`` (and, as the course grows, serve, bench, plan).
+"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``bench``, ``models``, ``grade``.
 
 Every subcommand has ``--help``. Each lives in a small function so that adding one is adding a function.
 """
@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from minserve import slo
 from minserve.grade import add_grade_command
 from minserve.model.loader import DEFAULT_MODEL, EMBEDDED_MODELS
 
@@ -47,7 +48,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """A short tour on the embedded model: load, generate, stream, batch, measure, report."""
+    """A short tour on the embedded model: load, generate, stream, measure a batch, then serve it over HTTP and
+    load-test the server, leaving an evidence bundle (report.html) in --out."""
     from minserve import LLM, SamplingParams
 
     print("minserve tour: the embedded model, on this machine\n")
@@ -85,19 +87,50 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         ("TPOT ms", [o.metrics.tpot_s * 1e3 for o in outputs]),
         ("E2E ms", [o.metrics.e2e_s * 1e3 for o in outputs]),
     ]:
-        print(f"   {name:<26}{_quantile(values, 0.5):>10.1f}{_quantile(values, 0.9):>10.1f}{max(values):>10.1f}")
+        p50, p90 = slo.percentile(values, 50), slo.percentile(values, 90)
+        print(f"   {name:<26}{p50:>10.1f}{p90:>10.1f}{max(values):>10.1f}")
     total_tokens = sum(len(o.token_ids) for o in outputs)
     stats = llm.stats()
-    print(f"\n5. report    {total_tokens} tokens in {wall_s:.2f} s = {total_tokens / wall_s:.0f} output tokens/s; "
+    print(f"\n   {total_tokens} tokens in {wall_s:.2f} s = {total_tokens / wall_s:.0f} output tokens/s; "
           f"prefix-cache hit rate {stats['prefix_cache_hit_rate']:.0%}; "
           f"{stats['kv_blocks_used']} blocks still held")  # fmt: skip
-    print("   (the server and the load tester join this tour as they land)")
+    del llm  # the server below loads its own copy
+    _tour_serve_and_load_test(args)
     return 0
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _tour_serve_and_load_test(args: argparse.Namespace) -> None:
+    """Steps 5 and 6 of the tour: a real server, a real OpenAI client, a load test and its evidence bundle."""
+    from openai import OpenAI
+
+    from minserve.bench.arrivals import OpenLoop
+    from minserve.bench.benchmark import run_benchmark
+    from minserve.bench.client import ClientConfig
+    from minserve.bench.report import format_table
+    from minserve.bench.workload import LengthDist, WorkloadSpec, build_requests
+    from minserve.model.loader import resolve_model_path
+    from minserve.model.tokenizer import Tokenizer
+    from minserve.serve.launch import ServerProcess
+
+    print("\n5. serve     minserve serve in the background; the official openai client asks it for a completion\n")
+    with ServerProcess(["--dtype", args.dtype, "--device", args.device], model=args.model) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model=args.model, prompt="def add(a, b):", max_tokens=24, temperature=0)
+        print("   def add(a, b):" + answer.choices[0].text.replace("\n", "\n   "))
+        print(f"   ({answer.usage.completion_tokens} tokens from {server.url}/v1/completions)")
+
+        print("\n6. load test minserve bench: 32 requests at 4, then at 16 requests/s, against a chat SLO\n")
+        tokenizer = Tokenizer(resolve_model_path(args.model))
+        spec = WorkloadSpec(32, LengthDist("lognormal", 64, 32, 512), LengthDist("lognormal", 32, 16, 128), seed=0)
+        requests = build_requests(spec, lambda text: len(tokenizer.encode(text)))
+        contract = slo.SLO("chat", ttft_s=0.5, tpot_s=0.1)
+        client_config = ClientConfig(server.url, args.model, ignore_eos=True)
+        result = run_benchmark(client_config, requests, [OpenLoop(4.0), OpenLoop(16.0)], contract)
+        out = result.save(args.out)
+    print("   " + format_table(result.summaries).replace("\n", "\n   "))
+    verdicts = ", ".join(f"{s['label']} {'PASS' if s['verdict']['passed'] else 'FAIL'}" for s in result.summaries)
+    print(f"\n   SLO (TTFT ≤ 500 ms and TPOT ≤ 100 ms for 99% of requests): {verdicts}")
+    print(f"   evidence: {out / 'report.html'} (opens offline), beside records.jsonl and summary.json")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -164,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a short tour on the embedded model", description=_cmd_demo.__doc__)
     _add_model_arguments(demo)
+    demo.add_argument("--out", type=Path, default=Path("minserve-tour"), help="where the load test's evidence goes")
     demo.set_defaults(run=_cmd_demo)
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", description=_cmd_serve.__doc__)

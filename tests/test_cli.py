@@ -16,7 +16,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_subcommand_has_help():
     commands = build_parser()._subparsers._group_actions[0].choices  # argparse keeps them here
-    assert {"generate", "demo", "models"} <= set(commands)
+    assert {"generate", "demo", "serve", "bench", "models", "grade"} <= set(commands)
     for name in commands:
         result = _run(name, "--help")
         assert result.returncode == 0 and "usage: minserve " + name in result.stdout, name
@@ -37,8 +37,10 @@ def test_bad_arguments_exit_with_a_message(capsys):
 
 
 @pytest.mark.slow
-def test_demo_runs_the_tour():
-    result = _run("demo")
+def test_demo_runs_the_tour(tmp_path):
+    result = _run("demo", "--out", str(tmp_path / "tour"))
     assert result.returncode == 0, result.stderr
-    for step in ("1. load", "2. generate", "3. stream", "4. measure", "5. report"):
+    for step in ("1. load", "2. generate", "3. stream", "4. measure", "5. serve", "6. load test"):
         assert step in result.stdout
+    assert "tokens from http://127.0.0.1:" in result.stdout  # the openai client got its completion
+    assert {p.name for p in (tmp_path / "tour").iterdir()} == {"records.jsonl", "summary.json", "report.html"}
