@@ -12,14 +12,20 @@ sent two ways, one after the other:
   the prompts as token ids, so the engine sees exactly the offline side's work.
 
 What the ratio measures is everything HTTP adds: parsing and checking each request, the hop between the
-event loop and the engine thread, one server-sent event per token, and the client itself, which shares this
-machine's cores with the server (its CPU time is printed beside the ratio).
+front end and the engine core process, one server-sent event per token, and the client itself, which shares
+this machine's cores with the server (the CPU time of each part is printed).
+
+On a machine with few cores that sharing is most of the gap: the engine's torch threads want every core,
+and a front end and a client that take part of one make each parallel op wait. So the script also runs a
+controlled pair, both sides with the engine on ``--engine-threads`` threads (default 1 of the 2 cores here),
+which leaves the HTTP side a core of its own: that ratio is HTTP's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -33,13 +39,13 @@ from offline import workload
 MAX_NUM_SEQS = 64
 
 
-def run_offline(model: str, requests) -> dict:
+def run_offline(model: str, requests, threads: int | None) -> dict:
     """All requests through ``LLM.generate`` at once: output tokens and wall seconds."""
     import time
 
     from minserve import LLM, SamplingParams
 
-    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS)
+    llm = LLM(model, max_num_seqs=MAX_NUM_SEQS, num_threads=threads)
     llm.generate([requests[0][0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     start = time.perf_counter()
@@ -48,7 +54,7 @@ def run_offline(model: str, requests) -> dict:
     return {"output_tokens": sum(len(o.token_ids) for o in outputs), "wall_s": wall_s}
 
 
-def run_server(model: str, requests) -> dict:
+def run_server(model: str, requests, threads: int | None) -> dict:
     """All requests at once through HTTP, streamed, against a server in its own process."""
     from minserve.bench.arrivals import OpenLoop
     from minserve.bench.benchmark import run_benchmark
@@ -57,10 +63,15 @@ def run_server(model: str, requests) -> dict:
     from minserve.serve.launch import ServerProcess
 
     sends = [BenchRequest(i, prompt, n) for i, (prompt, n) in enumerate(requests)]
-    with ServerProcess(["--max-num-seqs", str(MAX_NUM_SEQS)], model=model) as server:
+    args = ["--max-num-seqs", str(MAX_NUM_SEQS)] + ([] if threads is None else ["--threads", str(threads)])
+    with ServerProcess(args, model=model) as server:
         client = ClientConfig(server.url, model, ignore_eos=True)
         run_benchmark(client, sends[:1], [OpenLoop(float("inf"))], progress=False)  # warm-up, like offline's
+        engine_pids = [int(pid) for pid in _children(server.pid)]
+        cpu_before = {pid: _cpu_s(pid) for pid in [server.pid, *engine_pids]}
         result = run_benchmark(client, sends, [OpenLoop(float("inf"))], progress=False)
+        front_end_cpu_s = _cpu_s(server.pid) - cpu_before[server.pid]
+        engine_cpu_s = sum(_cpu_s(pid) - cpu_before[pid] for pid in engine_pids)
     summary, run = result.summaries[0], result.runs[0]
     if summary["ok"] != len(requests):
         raise RuntimeError(f"the server did not answer every request: {summary['errors']}")
@@ -68,8 +79,25 @@ def run_server(model: str, requests) -> dict:
         "output_tokens": summary["total_output_tokens"],
         "wall_s": run.duration_s,
         "client_cpu_s": run.client_cpu_s,
+        "front_end_cpu_s": front_end_cpu_s,
+        "engine_cpu_s": engine_cpu_s,
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
     }
+
+
+def _children(pid: int) -> list[str]:
+    """Child process ids (Linux): the server's engine core."""
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return path.read_text().split() if path.exists() else []
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux; 0 elsewhere)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        return 0.0
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,26 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompt", type=int, default=256, help="prompt lengths are uniform in [16, this]")
     parser.add_argument("--max-output", type=int, default=128, help="output lengths are uniform in [16, this]")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine-threads", type=int, default=1, help="torch threads in the controlled pair")
     parser.add_argument("--side", choices=["offline"], help=argparse.SUPPRESS)  # internal: the offline process
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # with --side
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     requests = workload(args.requests, args.seed, args.max_prompt, args.max_output)
     if args.side == "offline":
-        print(json.dumps(run_offline(args.model, requests)))
+        print(json.dumps(run_offline(args.model, requests, args.threads)))
         return 0
 
     forwarded = [f"--model={args.model}", f"--requests={args.requests}", f"--max-prompt={args.max_prompt}",
-                 f"--max-output={args.max_output}", f"--seed={args.seed}"]  # fmt: skip
-    offline = subprocess.run(
-        [sys.executable, __file__, *forwarded, "--side", "offline"], capture_output=True, text=True
-    )
-    if offline.returncode:
-        sys.stderr.write(offline.stderr)
-        return offline.returncode
-    results = {
-        "offline": json.loads(offline.stdout.strip().splitlines()[-1]),
-        "server": run_server(args.model, requests),
-    }
+                 f"--max-output={args.max_output}", f"--seed={args.seed}", "--side=offline"]  # fmt: skip
+    results = {}
+    for name, threads in (("default", None), ("controlled", args.engine_threads)):
+        thread_option = [] if threads is None else [f"--threads={threads}"]
+        offline = subprocess.run([sys.executable, __file__, *forwarded, *thread_option], capture_output=True, text=True)
+        if offline.returncode:
+            sys.stderr.write(offline.stderr)
+            return offline.returncode
+        results[f"offline-{name}"] = json.loads(offline.stdout.strip().splitlines()[-1])
+        results[f"server-{name}"] = run_server(args.model, requests, threads)
     for side in results.values():
         side["tokens_per_s"] = side["output_tokens"] / side["wall_s"]
     print_table(results, args)
@@ -108,15 +137,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(results: dict, args) -> None:
-    offline, server = results["offline"], results["server"]
     shape = f"{args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} tokens"
-    print(f"\n{shape}, {args.model}, torch {torch.__version__}, {platform.machine()}\n")
-    print(f"{'side':<36}{'output tok/s':>14}{'vs offline':>12}{'wall s':>9}")
-    for name, r in (("offline (LLM.generate)", offline), ("server (HTTP, streamed, rate=inf)", server)):
-        print(f"{name:<36}{r['tokens_per_s']:>14,.0f}{r['tokens_per_s'] / offline['tokens_per_s']:>11.2f}×"
-              f"{r['wall_s']:>9.1f}")  # fmt: skip
-    print(f"\nthe client's own CPU time: {server['client_cpu_s']:.1f} s "
-          f"({server['client_cpu_s'] / server['wall_s']:.0%} of one core during the run)")  # fmt: skip
+    print(f"\n{shape}, {args.model}, torch {torch.__version__}, {os.cpu_count()} CPUs, {platform.machine()}\n")
+    print(f"{'side':<48}{'output tok/s':>14}{'server/offline':>16}{'wall s':>9}")
+    pairs = (("default", "torch's default threads"), ("controlled", f"{args.engine_threads} engine thread(s)"))
+    for name, threads in pairs:
+        offline, server = results[f"offline-{name}"], results[f"server-{name}"]
+        ratio = f"{server['tokens_per_s'] / offline['tokens_per_s']:.2f}×"
+        for side, r, shown in (("offline (LLM.generate)", offline, ""), ("server (HTTP, streamed)", server, ratio)):
+            print(f"{side + ', ' + threads:<48}{r['tokens_per_s']:>14,.0f}{shown:>16}{r['wall_s']:>9.1f}")
+        print(f"{'':<4}CPU s in the server run: engine core {server['engine_cpu_s']:.1f}, "
+              f"front end {server['front_end_cpu_s']:.1f}, load tester {server['client_cpu_s']:.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

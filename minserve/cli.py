@@ -149,6 +149,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
         enable_tracing=args.trace_out is not None or not args.no_tracing,
+        num_threads=args.threads,
     )
     server_config = ServerConfig(
         host=args.host,
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
+    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads of the engine (default: cores)")
     serve.add_argument("--trace-out", type=Path, default=None, help="on exit, write the trace here (Perfetto JSON)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)

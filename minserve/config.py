@@ -15,6 +15,10 @@ class EngineConfig:
     KV memory is allocated once: ``num_kv_blocks`` blocks of ``block_size`` tokens, or as many as fit in
     ``kv_cache_memory_bytes``, or by default 256 MiB on the CPU and 90% of free memory on a GPU.
     A step runs at most ``max_num_batched_tokens`` tokens of at most ``max_num_seqs`` sequences.
+
+    ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
+    one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
+    threads than cores keeps the forward pass from waiting on a thread whose core is taken.
     """
 
     model: str = "minserve-tiny"
@@ -28,6 +32,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
     enable_tracing: bool = True
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len, minimum=2, optional=True)
@@ -36,6 +41,7 @@ class EngineConfig:
         _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes, optional=True)
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("num_threads", self.num_threads, optional=True)
 
 
 def _positive(name: str, value: object, minimum: int = 1, optional: bool = False) -> None:

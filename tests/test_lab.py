@@ -95,8 +95,10 @@ def test_tightening_a_threshold_never_raises_attainment():
 
 def test_slider_range():
     low, high, step = widgets.slider_range_ms([0.2, 0.4])  # largest 400 ms, 1.5 × headroom
-    assert low == 0.0 and high >= 600.0 and step == 1.0
-    assert widgets.slider_range_ms([]) == (0.0, 1.0, 0.01)
+    assert low == step == 1.0 and high >= 600.0
+    assert widgets.slider_range_ms([]) == (0.01, 1.0, 0.01)
+    # The slider's lowest value is still a valid contract (an SLO refuses a bound of 0).
+    assert widgets.attainment_for_thresholds(_records(), low, low)["all"] >= 0
 
 
 def test_summary_html_shows_every_number():

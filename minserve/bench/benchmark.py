@@ -10,14 +10,14 @@ count beside the client's. ``minserve bench serve`` is a thin command line over 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import os
 import platform
+import secrets
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from minserve.bench.arrivals import ClosedLoop, OpenLoop
 from minserve.bench.client import ClientConfig
 from minserve.bench.metrics import Pricing, summarize
 from minserve.bench.report import write_records, write_summary
-from minserve.bench.runner import RunResult, run_once
+from minserve.bench.runner import RunResult, run_once, run_sync
 from minserve.bench.workload import BenchRequest
 
 SETTLE_TIMEOUT_S = 10.0  # after a run, how long to wait for the server to finish cancelled requests
@@ -66,20 +66,35 @@ def run_benchmark(
     required_attainment: float = 0.99,
     progress: bool = True,
     config: dict[str, Any] | None = None,
+    salt_runs: bool = True,
 ) -> BenchmarkResult:
-    """Send ``requests`` at each arrival setting in turn (lowest load first is the caller's choice)."""
+    """Send ``requests`` at each arrival setting in turn (lowest load first is the caller's choice).
+
+    With ``salt_runs``, each run's text prompts start with a line of their own (``# run <nonce> <label>``):
+    the same work every run, but nothing one run sent is in the server's prefix cache for the next (a cache
+    names blocks by a hash chain from the first token). Within a run, a shared prefix is still shared.
+    Without it, every run after the first would partly measure the cache. Callable from a notebook cell.
+    """
     environment = describe_environment(client)
+    nonce = secrets.token_hex(4)  # new on every call: a second benchmark against the same server is fresh too
     runs, summaries = [], []
     for arrival in arrivals:
+        sent = salted(requests, f"# run {nonce} {arrival.label}") if salt_runs else requests
         before = server_metrics.scrape(client.base_url, client.headers())
-        run = asyncio.run(run_once(requests, arrival, client, progress))
+        run = run_sync(run_once(sent, arrival, client, progress))
         summary = summarize(run, contract, pricing, required_attainment)
         after = wait_until_idle(client)
         if before is not None and after is not None:
             summary["server"] = server_metrics.difference(before, after)
         runs.append(run)
         summaries.append(summary)
-    return BenchmarkResult(runs, summaries, config or {}, environment)
+    config = (config or {}) | {"salt": f"each run's prompts start with '# run {nonce} LABEL'" if salt_runs else None}
+    return BenchmarkResult(runs, summaries, config, environment)
+
+
+def salted(requests: Sequence[BenchRequest], salt: str) -> list[BenchRequest]:
+    """The requests with ``salt`` as the first line of every text prompt; token-id prompts stay as they are."""
+    return [replace(r, prompt=f"{salt}\n{r.prompt}") if isinstance(r.prompt, str) else r for r in requests]
 
 
 def wait_until_idle(client: ClientConfig, timeout_s: float = SETTLE_TIMEOUT_S) -> dict[str, float] | None:

@@ -163,7 +163,7 @@ def build_html(document: dict[str, Any], rows: Sequence[dict[str, Any]], records
         _section("Over time", _figure(timeline_figure(groups))),
         _section("The client's own overhead", _client_table(summaries)),
         _section("The server's own count", _server_table(summaries)),
-        _section("Configuration", _key_value_table(config.get("options", {}))),
+        _section("Configuration", _key_value_table(_flat_config(config))),
         _section("Environment", _key_value_table(document.get("environment", {}))),
         _section("Raw data", _raw_data(records_href, len(rows), document)),
     ]
@@ -251,6 +251,11 @@ def _server_table(summaries: Sequence[dict[str, Any]]) -> str:
         return "<p>The server exposes no Prometheus <code>/metrics</code> that could be read.</p>"
     note = "<p>What the server counted during each run (counters as differences, gauges as read after it).</p>"
     return note + _table(["run", "metric", "value"], rows, "numbers")
+
+
+def _flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The command-line options, then everything else the run recorded (the workload, the salt, …)."""
+    return {**config.get("options", {}), **{k: v for k, v in config.items() if k not in ("options", "argv")}}
 
 
 def _key_value_table(mapping: dict[str, Any]) -> str:

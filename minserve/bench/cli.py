@@ -89,7 +89,9 @@ def _arrivals_from_args(args: argparse.Namespace) -> list[OpenLoop | ClosedLoop]
         return [ClosedLoop(c) for c in parse_concurrencies(args.concurrencies)]
     if args.burstiness != 1.0 and args.arrival != "gamma":
         raise ValueError("--burstiness applies to --arrival gamma only")
-    return [OpenLoop(rate, args.arrival, args.burstiness, args.seed) for rate in parse_rates(args.rates)]
+    # One seed per run: one shared seed would make every rate's timetable the same one, rescaled.
+    rates = parse_rates(args.rates)
+    return [OpenLoop(rate, args.arrival, args.burstiness, args.seed + i) for i, rate in enumerate(rates)]
 
 
 def _workload_from_args(args: argparse.Namespace) -> WorkloadSpec:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minserve import slo
+from minserve.bench.arrivals import ClosedLoop
 from minserve.bench.client import RequestResult
 from minserve.bench.runner import RunResult
 
@@ -93,6 +94,18 @@ def verdict(records: Sequence[slo.RequestRecord], contract: slo.SLO, required_at
     }
 
 
+def offered_rps(run: RunResult) -> float:
+    """The rate an open-loop timetable actually offered: requests over the span to the last intended send.
+
+    A few dozen random arrivals never match the nominal rate exactly; this is the rate the server got.
+    ``nan`` for a closed loop (it offers whatever the server allows) and for a single request.
+    """
+    intended = [r.intended_s for r in run.results]
+    if isinstance(run.arrival, ClosedLoop) or len(intended) < 2 or max(intended) <= 0:
+        return math.nan
+    return len(intended) / max(intended)
+
+
 def summarize(
     run: RunResult,
     contract: slo.SLO | None = None,
@@ -115,6 +128,7 @@ def summarize(
         "cancelled": statuses["cancelled"],
         "errors": dict(Counter(r.error for r in results if r.error)),
         "duration_s": window,
+        "offered_rps": offered_rps(run),
         "request_throughput_rps": slo.request_throughput_rps(records, window),
         "output_throughput_tps": slo.token_throughput_tps(records, window),
         "total_prompt_tokens": sum(r.prompt_tokens for r in results if r.status == "ok"),

@@ -23,6 +23,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ok", "ok"),
     ("fail", "failed"),
     ("canc", "cancelled"),
+    ("offered", "offered_rps"),
     ("req/s", "request_throughput_rps"),
     ("tok/s", "output_throughput_tps"),
     ("good/s", "goodput_rps"),
@@ -48,16 +49,20 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def record_rows(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """One row per request per run: its run label, what the client saw, and TTFT/TPOT/E2E in ms."""
+    return [
+        json_safe({"run": run.label, **result.as_dict(), **per_request_metrics(result)})
+        for run in runs
+        for result in run.results
+    ]
+
+
 def write_records(path: Path, runs: Sequence[RunResult]) -> int:
-    """One JSON line per request per run, with its run label and derived TTFT/TPOT/E2E in ms; the count."""
-    count = 0
-    with Path(path).open("w") as handle:
-        for run in runs:
-            for result in run.results:
-                row = {"run": run.label, **result.as_dict(), **per_request_metrics(result)}
-                handle.write(json.dumps(json_safe(row)) + "\n")
-                count += 1
-    return count
+    """:func:`record_rows` as JSON lines (``records.jsonl``); returns how many."""
+    rows = record_rows(runs)
+    Path(path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return len(rows)
 
 
 def write_summary(

@@ -50,6 +50,8 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.model_dir = resolve_model_path(config.model)
         self.device = _resolve_device(config.device)
         self.tokenizer = Tokenizer(self.model_dir)

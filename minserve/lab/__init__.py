@@ -4,6 +4,8 @@ plotly, pandas and ipywidgets (the ``lab`` extra) are imported here and nowhere 
 engine and the model never need them. Start a chapter with ``minserve.lab.setup_notebook()``.
 """
 
+import importlib
+
 from minserve.lab.anatomy import detokenizer_steps, request_timeline, stage_explorer, stage_table, token_pieces
 from minserve.lab.figures import latency_ecdf, latency_histogram
 from minserve.lab.kv import kv_calculator, kv_calculator_result, kv_memory_figure
@@ -15,13 +17,16 @@ from minserve.lab.widgets import attainment_for_thresholds, slo_explorer
 __all__ = [
     "TEMPLATE_NAME",
     "attainment_for_thresholds",
+    "bundle_explorer",
     "contract_table",
     "detokenizer_steps",
+    "explore_run",
     "kv_calculator",
     "kv_calculator_result",
     "kv_memory_figure",
     "latency_ecdf",
     "latency_histogram",
+    "load_bundle",
     "percentile_table",
     "request_timeline",
     "setup_notebook",
@@ -31,3 +36,13 @@ __all__ = [
     "token_pieces",
     "use_course_theme",
 ]
+
+# Chapter 10's helpers drive the load tester, which needs the ``server`` extra (httpx, prometheus-client):
+# imported on first use, so that ``import minserve.lab`` works with the ``lab`` extra alone.
+_LAZY = {name: "minserve.lab.loadtest" for name in ("bundle_explorer", "explore_run", "load_bundle")}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

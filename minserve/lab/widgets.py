@@ -30,11 +30,15 @@ def attainment_for_thresholds(
 
 
 def slider_range_ms(values_s: Sequence[float], headroom: float = 1.5) -> tuple[float, float, float]:
-    """(min, max, step) in ms for a threshold slider: 0 up to ``headroom`` × the largest value, 100 steps."""
+    """(min, max, step) in ms for a threshold slider: one step up to ``headroom`` × the largest value.
+
+    About 100 round steps. The minimum is one step, not 0: an SLO bound must be positive, so a slider
+    dragged to its left end still names a contract.
+    """
     top_ms = max(values_s, default=0.0) * 1e3 * headroom
     top_ms = top_ms if top_ms > 0 else 1.0  # a slider needs a non-empty range even with no data
     step = 10.0 ** math.floor(math.log10(top_ms / 100))  # a round step, about a hundredth of the range
-    return 0.0, float(math.ceil(top_ms / step) * step), step
+    return step, float(math.ceil(top_ms / step) * step), step
 
 
 def summary_html(result: dict[str, float]) -> str:

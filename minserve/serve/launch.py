@@ -111,7 +111,11 @@ class ServerProcess:
         return 0
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
-        """Ask the server to drain and exit; kill it past ``grace_s``. Returns its exit code. Idempotent."""
+        """Ask the server to drain and exit; kill it past ``grace_s``. Idempotent.
+
+        Returns the exit code: −15 after a graceful drain, because uvicorn re-raises the SIGTERM it handled
+        (so a process manager sees the signal it sent); −9 when it had to be killed.
+        """
         atexit.unregister(self.stop)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
