@@ -1,6 +1,6 @@
 """Offline throughput: minserve against transformers' ``generate`` on the same checkpoint and workload.
 
-    python benchmarks/offline.py                     # 64 requests on minserve-tiny (~2 minutes on 2 cores)
+    python benchmarks/offline.py                     # 64 requests on minserve-tiny, 3 rounds (~3 minutes)
     python benchmarks/offline.py --requests 16       # quicker
     python benchmarks/offline.py --json results.json
 
@@ -123,6 +123,12 @@ def peak_rss_bytes() -> int:
     return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
+def median_round(runs: list[dict]) -> dict:
+    """The round with the median throughput, plus every round's throughput (``tokens_per_s_rounds``)."""
+    ordered = sorted(runs, key=lambda r: r["tokens_per_s"])
+    return ordered[len(ordered) // 2] | {"tokens_per_s_rounds": [r["tokens_per_s"] for r in runs]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minserve-tiny")
@@ -131,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output", type=int, default=128, help="output lengths are uniform in [16, this]")
     parser.add_argument("--hf-batch", type=int, default=16, help="transformers' batch size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of all three sides, interleaved")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # internal: run one side
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
@@ -146,13 +153,18 @@ def main(argv: list[str] | None = None) -> int:
         f"--hf-batch={args.hf_batch}",
         f"--seed={args.seed}",
     ]
-    results = {}
-    for side in SIDES:
-        out = subprocess.run([sys.executable, __file__, *forwarded, "--side", side], capture_output=True, text=True)
-        if out.returncode:
-            sys.stderr.write(out.stderr)
-            return out.returncode
-        results[side] = json.loads(out.stdout.strip().splitlines()[-1])
+    # Rounds of all three sides, one after another: background load that comes and goes then touches every
+    # side alike, and the median of each side's rounds (with its spread) is what gets reported.
+    rounds: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for _ in range(args.repeats):
+        for side in SIDES:
+            command = [sys.executable, __file__, *forwarded, "--side", side]
+            out = subprocess.run(command, capture_output=True, text=True)
+            if out.returncode:
+                sys.stderr.write(out.stderr)
+                return out.returncode
+            rounds[side].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    results = {side: median_round(runs) for side, runs in rounds.items()}
     print_table(results, args)
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=2))
@@ -165,10 +177,12 @@ def print_table(results: dict, args) -> None:
     print(
         f"\n{shape}, {args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}\n"
     )
-    print(f"{'side':<18}{'output tok/s':>14}{'vs transformers':>17}{'wall s':>9}{'peak RSS MB':>13}")
+    print(f"median of {args.repeats} interleaved rounds (each round's tok/s in brackets)\n")
+    print(f"{'side':<18}{'output tok/s':>14}{'vs transformers':>17}{'wall s':>9}{'peak RSS MB':>13}   rounds")
     for side, r in results.items():
+        rounds = ", ".join(f"{t:,.0f}" for t in r["tokens_per_s_rounds"])
         print(f"{side:<18}{r['tokens_per_s']:>14,.0f}{r['tokens_per_s'] / base:>16.2f}×{r['wall_s']:>9.1f}"
-              f"{r['peak_rss_bytes'] / 2**20:>13,.0f}")  # fmt: skip
+              f"{r['peak_rss_bytes'] / 2**20:>13,.0f}   [{rounds}]")  # fmt: skip
     m = results["minserve"]
     per_step_ms = 1e3 * m["wall_s"] / m["steps"]
     forward_ms = 1e3 * m["forward_s"] / m["steps"]

@@ -15,10 +15,11 @@ What the ratio measures is everything HTTP adds: parsing and checking each reque
 front end and the engine core process, one server-sent event per token, and the client itself, which shares
 this machine's cores with the server (the CPU time of each part is printed).
 
-On a machine with few cores that sharing is most of the gap: the engine's torch threads want every core,
-and a front end and a client that take part of one make each parallel op wait. So the script also runs a
-controlled pair, both sides with the engine on ``--engine-threads`` threads (default 1 of the 2 cores here),
-which leaves the HTTP side a core of its own: that ratio is HTTP's own cost.
+Two pairs run. With each side's defaults, the offline engine uses every core, while ``minserve serve`` on
+a CPU gives its engine all cores but one and keeps one for HTTP (and here the load tester shares the
+machine too): on few cores that split, not HTTP, is most of the gap. The controlled pair runs both engines
+on ``--engine-threads`` threads (default 1), so the HTTP side has a core of its own on both: that ratio is
+what HTTP itself costs.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     forwarded = [f"--model={args.model}", f"--requests={args.requests}", f"--max-prompt={args.max_prompt}",
                  f"--max-output={args.max_output}", f"--seed={args.seed}", "--side=offline"]  # fmt: skip
     results = {}
-    for name, threads in (("default", None), ("controlled", args.engine_threads)):
+    for name, threads in (("default", None), ("controlled", args.engine_threads)):  # None: each side's default
         thread_option = [] if threads is None else [f"--threads={threads}"]
         offline = subprocess.run([sys.executable, __file__, *forwarded, *thread_option], capture_output=True, text=True)
         if offline.returncode:
@@ -140,7 +141,7 @@ def print_table(results: dict, args) -> None:
     shape = f"{args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} tokens"
     print(f"\n{shape}, {args.model}, torch {torch.__version__}, {os.cpu_count()} CPUs, {platform.machine()}\n")
     print(f"{'side':<48}{'output tok/s':>14}{'server/offline':>16}{'wall s':>9}")
-    pairs = (("default", "torch's default threads"), ("controlled", f"{args.engine_threads} engine thread(s)"))
+    pairs = (("default", "default threads"), ("controlled", f"{args.engine_threads} engine thread(s)"))
     for name, threads in pairs:
         offline, server = results[f"offline-{name}"], results[f"server-{name}"]
         ratio = f"{server['tokens_per_s'] / offline['tokens_per_s']:.2f}×"

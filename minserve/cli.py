@@ -149,7 +149,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
         enable_tracing=args.trace_out is not None or not args.no_tracing,
-        num_threads=args.threads,
+        num_threads=args.threads if args.threads is not None else _default_server_threads(args.device),
     )
     server_config = ServerConfig(
         host=args.host,
@@ -161,6 +161,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     serve(engine_config, server_config, log_level=args.log_level)
     return 0
+
+
+def _default_server_threads(device: str) -> int | None:
+    """On a CPU, torch threads for the engine: all cores but one, which the HTTP front end keeps.
+
+    The engine's forward pass waits on its slowest thread; a thread whose core the front end (or a load
+    tester on the same machine) takes makes every step wait. On a GPU torch's default is right.
+    """
+    import torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        return None
+    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -215,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
-    serve.add_argument("--threads", type=int, default=None, help="torch CPU threads of the engine (default: cores)")
+    serve.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads of the engine (default on a CPU: cores − 1)"
+    )
     serve.add_argument("--trace-out", type=Path, default=None, help="on exit, write the trace here (Perfetto JSON)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)
