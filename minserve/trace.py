@@ -36,9 +36,13 @@ class TraceEvent:
 
 
 class Tracer:
-    """Collects events; the oldest are dropped past ``max_events`` so a long-running server stays bounded."""
+    """Collects events; the oldest are dropped past ``max_events`` so a long-running server stays bounded.
 
-    def __init__(self, enabled: bool = True, max_events: int = 1_000_000) -> None:
+    An event takes about 400 bytes, so the default bound keeps a trace under about 80 MB: the last few
+    thousand requests of a busy server.
+    """
+
+    def __init__(self, enabled: bool = True, max_events: int = 200_000) -> None:
         self.enabled = enabled
         self.events: deque[TraceEvent] = deque(maxlen=max_events)
 

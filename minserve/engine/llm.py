@@ -6,6 +6,7 @@ requests are batched continuously, share cached prefixes, and come back in promp
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,13 +100,14 @@ class LLM:
         return self.engine.stats().as_dict()
 
     def _add_all(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None):
+        arrival_s = time.perf_counter()  # before tokenizing: tokenization is part of every request's latency
         prompts = _as_prompt_list(prompts)
         params_list = _as_params_list(params, len(prompts))
         encoded = [self.engine.encode(prompt, i) for i, prompt in enumerate(prompts)]
         for ids, p in zip(encoded, params_list):
             self.engine.check_fits(ids, p)
         return [
-            self.engine.add_request(prompt, p, prompt_token_ids=ids)
+            self.engine.add_request(prompt, p, arrival_time_s=arrival_s, prompt_token_ids=ids)
             for prompt, ids, p in zip(prompts, encoded, params_list)
         ]
 
