@@ -1,4 +1,7 @@
 """Triton kernels, imported as ``minserve.kernels`` (a bare ``kernels`` would collide with a PyPI package).
 
-Each kernel file holds the kernel, its launcher, a torch reference and a benchmark entry, side by side.
+Each file holds one kernel, its launcher, the torch reference it replaces and a ``benchmark()`` entry, side by
+side: ``rms_norm`` (fused with the residual add), ``rotary``, ``silu_and_mul``, ``kv_store``,
+``prefill_attention`` and ``decode_attention`` (paged, split-K). They run on CUDA, and on the CPU under
+``TRITON_INTERPRET=1``. :mod:`minserve.model.backends` puts them behind the model.
 """

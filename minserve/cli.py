@@ -1,4 +1,4 @@
-"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``bench``, ``models``, ``grade``.
+"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``bench``, ``plan``, ``models``, ``grade``.
 
 Every subcommand has ``--help``. Each lives in a small function so that adding one is adding a function.
 """
@@ -20,12 +20,15 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint dir or hub id")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 … (auto: cuda when available)")
+    parser.add_argument(
+        "--backend", default="auto", choices=["auto", "torch", "triton"], help="auto: triton on CUDA, else torch"
+    )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from minserve import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -54,7 +57,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print("minserve tour: the embedded model, on this machine\n")
     start_s = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device)
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
     load_s = time.perf_counter() - start_s
     params_count = sum(p.numel() for p in llm.model.parameters())
     stats = llm.stats()
@@ -113,7 +116,8 @@ def _tour_serve_and_load_test(args: argparse.Namespace) -> None:
     from minserve.serve.launch import ServerProcess
 
     print("\n5. serve     minserve serve in the background; the official openai client asks it for a completion\n")
-    with ServerProcess(["--dtype", args.dtype, "--device", args.device], model=args.model) as server:
+    server_args = ["--dtype", args.dtype, "--device", args.device, "--backend", args.backend]
+    with ServerProcess(server_args, model=args.model) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
         answer = client.completions.create(model=args.model, prompt="def add(a, b):", max_tokens=24, temperature=0)
         print("   def add(a, b):" + answer.choices[0].text.replace("\n", "\n   "))
@@ -142,6 +146,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         model=args.model,
         dtype=args.dtype,
         device=args.device,
+        backend=args.backend,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
@@ -242,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     from minserve.bench.cli import add_bench_command  # a client: httpx loads only when a benchmark runs
 
     add_bench_command(commands)
+    from minserve.capacity.cli import add_plan_command  # `minserve plan`: capacity arithmetic, no model loaded
+
+    add_plan_command(commands)
     return parser
 
 

@@ -16,6 +16,9 @@ class EngineConfig:
     ``kv_cache_memory_bytes``, or by default 256 MiB on the CPU and 90% of free memory on a GPU.
     A step runs at most ``max_num_batched_tokens`` tokens of at most ``max_num_seqs`` sequences.
 
+    ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
+    ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
+
     ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
     one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
     threads than cores keeps the forward pass from waiting on a thread whose core is taken.
@@ -33,6 +36,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_tracing: bool = True
     num_threads: int | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len, minimum=2, optional=True)

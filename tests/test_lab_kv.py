@@ -85,8 +85,8 @@ def test_widget_updates_through_the_callback():
     assert "131,072 B" in readout.value and ">fits<" in readout.value
     choice.value = "Llama-3-70B"
     assert "does not fit" in readout.value
-    gpu.value = "B200 192GB"
-    assert readout.value == kv.kv_summary_html(lab.kv_calculator_result("Llama-3-70B", 8192, 8, gpu="B200 192GB"))
+    gpu.value = "B200 180GB"
+    assert readout.value == kv.kv_summary_html(lab.kv_calculator_result("Llama-3-70B", 8192, 8, gpu="B200 180GB"))
     pasted.value = "{broken"
     assert "not JSON" in readout.value
     pasted.value = json.dumps(TINY_HF)

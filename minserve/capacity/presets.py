@@ -104,7 +104,7 @@ GPU_MEMORY_BYTES: dict[str, int] = {
     "A100 80GB": 80 * GB,
     "H100 80GB": 80 * GB,
     "H200 141GB": 141 * GB,
-    "B200 192GB": 192 * GB,
+    "B200 180GB": 180 * GB,  # the HGX B200 datasheet, per GPU
     "MI300X 192GB": 192 * GB,
 }
 

@@ -24,6 +24,7 @@ from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
 from minserve.engine.sequence import Sequence
+from minserve.model.backends import resolve_backend
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.trace import Tracer
@@ -57,6 +58,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
         self.model = load_model(self.model_dir, self.dtype, self.device)
+        self.model.set_backend(resolve_backend(config.backend, self.device))
         self.model_config = self.model.config
         model_limit = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output

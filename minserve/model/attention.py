@@ -10,12 +10,13 @@ end. ``AttentionMetadata`` says how that flat batch maps onto sequences and onto
   ``ceil(context_lens[i] / block_size)`` entries mean anything)
 
 The KV cache of one layer is one tensor of shape ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
-(index 0 holds keys, 1 values). This module is the torch reference backend; the Triton kernels implement
-the same two operations, :func:`store_kv` and :func:`paged_attention`.
+(index 0 holds keys, 1 values). This module is the torch reference; the Triton backend
+(:mod:`minserve.model.backends`) implements the same two operations, storing and attending, with kernels.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,34 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
+
+    def device_tensors(self, device: torch.device) -> StepTensors:
+        """The per-sequence numbers as tensors on ``device``, built once per step and shared by every layer."""
+        cached = self.__dict__.get("_device_tensors")
+        if cached is None or cached.context_lens.device != device:
+            cached = StepTensors.build(self.query_lens, self.context_lens, device)
+            self.__dict__["_device_tensors"] = cached
+        return cached
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """What a kernel needs of :class:`AttentionMetadata` besides the cache slots and block tables."""
+
+    query_starts: torch.Tensor  # [num_seqs + 1] int32: where each sequence's new tokens begin in the flat batch
+    query_lens: torch.Tensor  # [num_seqs] int32
+    context_lens: torch.Tensor  # [num_seqs] int32
+    max_query_len: int
+    all_decode: bool  # every sequence brings exactly one new token
+
+    @classmethod
+    def build(cls, query_lens: list[int], context_lens: list[int], device: torch.device) -> StepTensors:
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+        return cls(as_tensor(starts), as_tensor(query_lens), as_tensor(context_lens), max(query_lens, default=0),
+                   all(n == 1 for n in query_lens))  # fmt: skip
 
 
 def allocate_kv_cache(

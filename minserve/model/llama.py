@@ -9,6 +9,9 @@ new tokens of every sequence in the step, and :class:`~minserve.model.attention.
 where each sequence starts and where its keys and values live in the paged cache. Prefill, chunked prefill
 and decode are therefore the same call.
 
+The arithmetic between the matmuls (norms, rotary, SwiGLU's activation, attention) is the backend's: torch
+or minserve's Triton kernels (:mod:`minserve.model.backends`), swapped with :meth:`set_backend`.
+
 Two projections are fused for speed, as in vLLM and nano-vllm: q, k, v into one ``qkv_proj`` and gate, up
 into one ``gate_up_proj`` (the checkpoint loader stacks the separate Hugging Face tensors into them).
 """
@@ -18,25 +21,31 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from minserve.model.attention import AttentionMetadata, paged_attention
+from minserve.model.attention import AttentionMetadata
+from minserve.model.backends import Rope, TorchBackend
 from minserve.model.config import ModelConfig, RopeScaling
+
+TORCH = TorchBackend()
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight, computed in float32 as the reference implementation does."""
+    """x / rms(x) * weight, computed in float32 as the reference implementation does.
+
+    ``forward(x, addend)`` also adds a residual first and returns ``(norm(x + addend), x + addend)``: the
+    add and the norm are one fused kernel on the Triton backend.
+    """
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
+        self.backend: TorchBackend = TORCH
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, addend: torch.Tensor | None = None):
+        normed, residual = self.backend.rms_norm(x, self.weight, self.eps, addend)
+        return normed if addend is None else (normed, residual)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
@@ -60,26 +69,18 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) 
 
 
 class RotaryEmbedding(nn.Module):
-    """Angles position × frequency for the "rotate half" layout, computed per step (no table to keep)."""
+    """Rotation frequencies for the "rotate half" layout; the angles are made per step (no table to keep)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
         self.inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[num_tokens]`` positions → cos and sin, each ``[num_tokens, 1, head_dim / 2]`` (float32)."""
+    def forward(self, positions: torch.Tensor) -> Rope:
+        """``[num_tokens]`` positions → the step's :class:`Rope` (its cos and sin are made when first asked)."""
         if self.inv_freq.device != positions.device:
             self.inv_freq = self.inv_freq.to(positions.device)
-        angles = positions.float()[:, None] * self.inv_freq[None, :]
-        return angles.cos()[:, None, :], angles.sin()[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair (x[i], x[i + head_dim/2]) of ``[tokens, heads, head_dim]`` by its angle."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+        return Rope(positions, self.inv_freq)
 
 
 class Attention(nn.Module):
@@ -97,18 +98,17 @@ class Attention(nn.Module):
         self.sliding_window = config.sliding_window
         self.scale = self.head_dim**-0.5
         self.kv_cache: torch.Tensor | None = None
+        self.backend: TorchBackend = TORCH
 
-    def forward(
-        self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        out = paged_attention(q, k, v, self.kv_cache, meta, self.scale, self.sliding_window)
+        q, k = self.backend.apply_rotary(q, k, rope)
+        out = self.backend.attention(q, k, v, self.kv_cache, meta, self.scale, self.sliding_window)
         return self.o_proj(out.flatten(1))
 
 
@@ -120,10 +120,10 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.backend: TorchBackend = TORCH
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.backend.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -136,11 +136,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, rotary: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
-        x = x + self.self_attn(rotary, self.input_layernorm(x), meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        attended = self.self_attn(rope, self.input_layernorm(x), meta)
+        normed, x = self.post_attention_layernorm(x, attended)  # x + attended, and its norm, in one go
+        return x + self.mlp(normed)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -160,14 +159,24 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """``[num_tokens]`` ids and positions → ``[num_tokens, hidden_size]`` final hidden states."""
         x = self.embed_tokens(input_ids)
-        rotary = self.rotary(positions)  # shared by every layer
+        rope = self.rotary(positions)  # shared by every layer
         for layer in self.layers:
-            x = layer(rotary, x, meta)
+            x = layer(rope, x, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, hidden_size]`` → ``[n, vocab_size]`` in float32 (sampling wants full precision)."""
         return self.lm_head(hidden).float()
+
+    def set_backend(self, backend: TorchBackend) -> None:
+        """Compute norms, rotations, activations and attention with ``backend`` (see :mod:`.backends`)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, MLP)):
+                module.backend = backend
+
+    @property
+    def backend(self) -> TorchBackend:
+        return self.norm.backend
 
     def set_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
         """Hand each layer its slice of the paged KV cache (or take the caches away with None)."""

@@ -1,0 +1,140 @@
+"""The model's compute backends: the same operations, done by torch or by minserve's Triton kernels.
+
+The model (:mod:`minserve.model.llama`) never computes a normalization, a rotation, an activation or an
+attention itself: it asks its backend. Swapping the backend swaps every one of those at once, and nothing
+else changes, in the spirit of gpt-fast's swapped modules.
+
+* :class:`TorchBackend` is the reference: plain torch, any device (CPU, CUDA, Apple's MPS).
+* :class:`TritonBackend` runs the kernels in ``kernels/`` (imported as ``minserve.kernels``): fused add +
+  RMSNorm, rotary in place, SiLU-and-multiply, the KV-cache store, paged prefill attention and split-K
+  paged decode attention, which read keys and values through the block table instead of gathering copies.
+  It runs on CUDA, and on the CPU under ``TRITON_INTERPRET=1`` (slow: for tests).
+
+``backend="auto"`` (the default) is Triton on a CUDA GPU where Triton is installed, torch everywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minserve.model.attention import AttentionMetadata, paged_attention
+
+BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
+
+
+@dataclass
+class Rope:
+    """One step's rotary inputs: token positions and the model's frequencies; cos and sin on demand."""
+
+    positions: torch.Tensor  # [num_tokens]
+    inv_freq: torch.Tensor  # [head_dim / 2], float32
+
+    @functools.cached_property
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each ``[num_tokens, 1, head_dim / 2]`` float32: computed once per step, shared by every layer."""
+        angles = self.positions.float()[:, None] * self.inv_freq[None, :]
+        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+class TorchBackend:
+    """Plain torch: the reference every other backend is tested against."""
+
+    name = "torch"
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, addend: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(h), h)`` with ``h = x + addend`` (or ``x``), normalized in float32."""
+        h = x if addend is None else x + addend
+        h32 = h.float()
+        normed = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * normed.to(h.dtype), h
+
+    def apply_rotary(self, q: torch.Tensor, k: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate each pair ``(x[i], x[i + head_dim/2])`` of q and k by its token's angle."""
+        cos, sin = rope.cos_sin
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            x1, x2 = x.float().chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+        return rotate(q), rotate(k)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None,
+    ) -> torch.Tensor:
+        """Store this step's k and v in the cache, then attend (see :func:`paged_attention`)."""
+        return paged_attention(q, k, v, kv_cache, meta, scale, sliding_window)
+
+
+class TritonBackend(TorchBackend):
+    """minserve's Triton kernels; what has no kernel (the matmuls) stays torch."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from minserve.kernels import decode_attention, kv_store, prefill_attention, rms_norm, rotary, silu_and_mul
+
+        self._decode, self._store = decode_attention.decode_attention, kv_store.store_kv
+        self._prefill, self._rms_norm = prefill_attention.prefill_attention, rms_norm.rms_norm
+        self._rotary, self._silu_and_mul = rotary.apply_rotary_, silu_and_mul.silu_and_mul
+
+    def rms_norm(self, x, weight, eps, addend=None):
+        return self._rms_norm(x, weight, eps, addend)
+
+    def apply_rotary(self, q, k, rope):
+        q, k = q.contiguous(), k.contiguous()  # rotated in place: not in the qkv projection's output
+        self._rotary(q, k, rope.positions, rope.inv_freq)
+        return q, k
+
+    def silu_and_mul(self, gate_up):
+        return self._silu_and_mul(gate_up)
+
+    def attention(self, q, k, v, kv_cache, meta, scale, sliding_window):
+        if kv_cache is None:  # a plain forward with nothing cached (parity tests, perplexity): the reference
+            return super().attention(q, k, v, kv_cache, meta, scale, sliding_window)
+        self._store(k, v, kv_cache, meta.slot_mapping)
+        step = meta.device_tensors(q.device)
+        if step.all_decode:
+            return self._decode(q, kv_cache, meta.block_tables, step.context_lens, scale, sliding_window)
+        return self._prefill(
+            q, kv_cache, meta.block_tables, step.query_starts, step.query_lens, step.context_lens,
+            step.max_query_len, scale, sliding_window,
+        )  # fmt: skip
+
+
+def resolve_backend(name: str, device: torch.device) -> TorchBackend:
+    """The backend ``name`` stands for on ``device``; raises ``ValueError`` with what to change."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    triton_installed = importlib.util.find_spec("triton") is not None
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and triton_installed else "torch"
+    if name == "torch":
+        return TorchBackend()
+    if not triton_installed:
+        raise ValueError("backend='triton' needs the triton package (Linux; pip install triton); use 'torch'")
+    interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if device.type != "cuda" and not (device.type == "cpu" and interpreting):
+        raise ValueError(
+            f"backend='triton' runs on a CUDA GPU, or on the CPU with TRITON_INTERPRET=1 set before triton is "
+            f"imported (slow: for tests); the model is on {device}: use backend='torch' or 'auto'"
+        )
+    return TritonBackend()
