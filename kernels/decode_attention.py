@@ -106,8 +106,13 @@ def decode_attention(
     scale: float,
     sliding_window: int | None = None,
     num_splits: int | None = None,
+    max_context_len: int | None = None,
 ) -> torch.Tensor:
-    """Attention of one query per sequence over its cached context (see the module docstring)."""
+    """Attention of one query per sequence over its cached context (see the module docstring).
+
+    ``max_context_len`` (any upper bound of ``context_lens``) spares reading it back from the GPU, which a
+    CUDA graph cannot do while it is being captured.
+    """
     check_device(query, kv_cache, block_tables, context_lens)
     batch, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -116,7 +121,7 @@ def decode_attention(
     out = torch.empty_like(query)
     if batch == 0:
         return out
-    max_context = int(context_lens.max())
+    max_context = int(context_lens.max()) if max_context_len is None else max_context_len
     splits = num_splits or num_splits_for(max_context, batch)
     keys_per_split = triton.cdiv(triton.cdiv(max_context, splits), BLOCK_N) * BLOCK_N
     partial_shape = (batch, num_heads, splits)

@@ -147,6 +147,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         backend=args.backend,
+        enable_cuda_graphs=not args.no_cuda_graphs,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
@@ -232,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=64)
     serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
     serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on a GPU")
     serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
     serve.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads of the engine (default on a CPU: cores − 1)"

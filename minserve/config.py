@@ -19,6 +19,9 @@ class EngineConfig:
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
 
+    ``enable_cuda_graphs`` records decode steps as CUDA graphs (on a GPU with the Triton backend); turn it
+    off to debug, as vLLM's ``--enforce-eager`` does.
+
     ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
     one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
     threads than cores keeps the forward pass from waiting on a thread whose core is taken.
@@ -37,6 +40,7 @@ class EngineConfig:
     enable_tracing: bool = True
     num_threads: int | None = None
     backend: str = "auto"
+    enable_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         _positive("max_model_len", self.max_model_len, minimum=2, optional=True)

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from minserve import LLM, SamplingParams
+from minserve.engine.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
+from minserve.engine.engine import uses_cuda_graphs
 from minserve.model.backends import TorchBackend, TritonBackend, resolve_backend
 
 PROMPTS = [
@@ -52,3 +54,53 @@ def test_auto_is_torch_without_a_gpu_and_errors_name_the_fix(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve_backend("triton", torch.device("cpu"))
+
+
+class _EagerReplay:
+    """Stands in for a captured CUDA graph on the CPU: "replaying" runs the forward on the static buffers."""
+
+    def __init__(self, model, args, outputs: dict, size: int) -> None:
+        self.model, self.args, self.outputs, self.size = model, args, outputs, size
+
+    def replay(self) -> None:
+        self.outputs[self.size] = self.model(*self.args)
+
+
+class _EagerDecodeGraphs(DecodeGraphs):
+    def _capture_all(self) -> None:
+        for size in self.sizes:
+            meta = self._metadata(size)
+            self.graphs[size] = _EagerReplay(self.model, (self.input_ids[:size], self.positions[:size], meta),
+                                             self.outputs, size)  # fmt: skip
+
+
+def test_capture_sizes_and_padding():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert [padded_size(n, capture_sizes(20)) for n in (1, 3, 5, 17, 20, 21)] == [1, 4, 8, 20, 20, None]
+
+
+def test_decode_graph_buffers_give_the_eager_tokens(torch_tokens):
+    """The graph path's static buffers, padding rows (slot −1, one key) and context-length bound, exercised on
+    the CPU with the forward run eagerly in place of a replay: the same tokens as the torch backend."""
+    llm = LLM(backend="triton", num_kv_blocks=64, block_size=8, max_num_batched_tokens=16, max_model_len=256)
+    runner = llm.engine.runner
+    runner.graphs = _EagerDecodeGraphs(llm.model, max_num_seqs=6, max_model_len=256, block_size=8)
+    replayed = []
+    original_run = runner.graphs.run
+    runner.graphs.run = lambda *args: replayed.append(len(args[2].query_lens)) or original_run(*args)
+    outputs = llm.generate(PROMPTS[:3], SamplingParams(max_tokens=10, temperature=0))
+    assert [o.token_ids for o in outputs] == torch_tokens[:3]  # batch invariance: the same as in a batch of 4
+    assert 3 in replayed  # three sequences decoded in the size-4 graph, one padding row beside them
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_cuda_graphs_only_on_a_gpu_with_triton():
+    from minserve.config import EngineConfig
+
+    config = EngineConfig()
+    assert uses_cuda_graphs(config, torch.device("cuda"), "triton")
+    assert not uses_cuda_graphs(config, torch.device("cpu"), "triton")
+    assert not uses_cuda_graphs(config, torch.device("cuda"), "torch")
+    assert not uses_cuda_graphs(EngineConfig(enable_cuda_graphs=False), torch.device("cuda"), "triton")

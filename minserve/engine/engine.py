@@ -67,6 +67,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        if uses_cuda_graphs(config, self.device, self.model.backend.name):
+            self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
         capacity_tokens = num_blocks * config.block_size
         self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len, capacity_tokens)
         self.tracer = Tracer(enabled=config.enable_tracing)
@@ -275,6 +277,11 @@ class LLMEngine:
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
         )
+
+
+def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -> bool:
+    """Decode steps run as CUDA graphs on a GPU with the Triton backend, unless switched off."""
+    return config.enable_cuda_graphs and device.type == "cuda" and backend == "triton"
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from minserve.engine.cuda_graphs import DecodeGraphs
 from minserve.engine.sampler import sample_batch
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.model.attention import AttentionMetadata, allocate_kv_cache
@@ -18,6 +19,7 @@ from minserve.model.llama import LlamaForCausalLM
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
         self.model = model
+        self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.block_size = block_size
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
@@ -35,12 +37,19 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> list[tuple[int, float | None] | None]:
         """One forward over the batch: (token, logprob) per sequence, or None where a prompt is unfinished."""
         input_ids, positions, meta = self.prepare(batch)
-        hidden = self.model(input_ids, positions, meta)
+        if self.graphs is not None and self.graphs.can_run(meta):
+            hidden = self.graphs.run(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, meta)
         ends = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
         sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
         tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])
         return [next(tokens) if end else None for end in ends]
+
+    def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Record decode steps as CUDA graphs (see :mod:`minserve.engine.cuda_graphs`)."""
+        self.graphs = DecodeGraphs(self.model, max_num_seqs, max_model_len, self.block_size)
 
     def slot(self, block_table: list[int], position: int) -> int:
         """Where the token at ``position`` lives in the flat cache: its block's first slot plus its offset."""

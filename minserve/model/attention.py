@@ -58,6 +58,7 @@ class StepTensors:
     query_lens: torch.Tensor  # [num_seqs] int32
     context_lens: torch.Tensor  # [num_seqs] int32
     max_query_len: int
+    max_context_len: int  # an upper bound is enough: a CUDA graph is captured with the longest context allowed
     all_decode: bool  # every sequence brings exactly one new token
 
     @classmethod
@@ -67,7 +68,7 @@ class StepTensors:
             starts.append(starts[-1] + n)
         as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
         return cls(as_tensor(starts), as_tensor(query_lens), as_tensor(context_lens), max(query_lens, default=0),
-                   all(n == 1 for n in query_lens))  # fmt: skip
+                   max(context_lens, default=0), all(n == 1 for n in query_lens))  # fmt: skip
 
 
 def allocate_kv_cache(

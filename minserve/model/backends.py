@@ -113,7 +113,8 @@ class TritonBackend(TorchBackend):
         self._store(k, v, kv_cache, meta.slot_mapping)
         step = meta.device_tensors(q.device)
         if step.all_decode:
-            return self._decode(q, kv_cache, meta.block_tables, step.context_lens, scale, sliding_window)
+            return self._decode(q, kv_cache, meta.block_tables, step.context_lens, scale, sliding_window,
+                                max_context_len=step.max_context_len)  # fmt: skip
         return self._prefill(
             q, kv_cache, meta.block_tables, step.query_starts, step.query_lens, step.context_lens,
             step.max_query_len, scale, sliding_window,
