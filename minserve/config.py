@@ -14,7 +14,10 @@ class EngineConfig:
 
     KV memory is allocated once: ``num_kv_blocks`` blocks of ``block_size`` tokens, or as many as fit in
     ``kv_cache_memory_bytes``, or by default 256 MiB on the CPU and 90% of free memory on a GPU.
-    A step runs at most ``max_num_batched_tokens`` tokens of at most ``max_num_seqs`` sequences.
+    A step runs at most ``max_num_batched_tokens`` tokens of at most ``max_num_seqs`` sequences; with
+    ``enable_chunked_prefill`` a long prompt is split across steps to stay within it, without it a prompt is
+    prefilled whole in one step. ``scheduling_policy`` orders admission and preemption: ``"fcfs"``,
+    ``"priority"``, ``"spf"`` (shortest prompt first, with aging) or ``"static"`` (static batching).
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
@@ -37,6 +40,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
     enable_tracing: bool = True
     num_threads: int | None = None
     backend: str = "auto"

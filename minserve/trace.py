@@ -116,7 +116,7 @@ def stage_durations_s(events: list[TraceEvent]) -> dict[str, float]:
     as they must be, the stages add up to the end-to-end latency; the chapter checks that on measured data.
     """
     arrival = next(e.start_s for e in events if e.name == "arrival")
-    end = next(e.start_s for e in events if e.name in ("finished", "cancelled"))
+    end = next(e.start_s for e in events if e.name in ("finished", "cancelled", "deadline"))
     steps = sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
     if not steps:
         return {"queue": end - arrival, "prefill": 0.0, "decode": 0.0, "between": 0.0, "finish": 0.0}

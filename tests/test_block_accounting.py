@@ -11,42 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minserve.engine.block_manager import BlockManager
-from minserve.engine.detokenizer import IncrementalDetokenizer
-from minserve.engine.outputs import RequestMetrics
-from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence
-
-
-class _NoText:
-    def decode(self, token_ids, skip_special_tokens=True):
-        return ""
+from tests import stand_in
 
 
 def _sequence(i: int, prompt: list[int], max_tokens: int) -> Sequence:
-    return Sequence(
-        request_id=str(i),
-        prompt=None,
-        prompt_token_ids=prompt,
-        params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-        metrics=RequestMetrics(arrival_time_s=0.0),
-        detokenizer=IncrementalDetokenizer(_NoText()),
-    )
+    return stand_in.make_sequence(i, prompt, max_tokens)
 
 
 def _step(scheduler: Scheduler, block_manager: BlockManager, next_token: int) -> list[Sequence]:
-    """What the engine does around the model: advance computed tokens, append a token, finish at length."""
-    batch = scheduler.schedule()
-    finished = []
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        seq.num_computed_tokens += n
-        block_manager.name_full_blocks(seq)
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.output_token_ids.append(next_token)
-            if len(seq.output_token_ids) >= seq.params.max_tokens:
-                scheduler.finish(seq)
-                finished.append(seq)
-    return finished
+    return stand_in.step(scheduler, block_manager, next_token)[1]
 
 
 requests = st.lists(

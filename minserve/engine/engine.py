@@ -65,7 +65,13 @@ class LLMEngine:
         self.stop_token_ids = self._stop_token_ids()
         num_blocks = self._num_kv_blocks()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            policy=config.scheduling_policy,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
         self.runner = ModelRunner(self.model, num_blocks, config.block_size)
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
@@ -74,6 +80,7 @@ class LLMEngine:
         self.tracer = Tracer(enabled=config.enable_tracing)
         self.requests: dict[str, Sequence] = {}
         self._request_counter = itertools.count()
+        self._arrival_counter = itertools.count()
         self._pending_aborts: list[str] = []
         self._lock = threading.Lock()  # guards _pending_aborts: the server aborts from another thread
 
@@ -94,11 +101,17 @@ class LLMEngine:
         request_id: str | None = None,
         arrival_time_s: float | None = None,
         prompt_token_ids: list[int] | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
     ) -> str:
         """Queue one request and return its id. A bad request raises ``ValueError`` and changes nothing.
 
         ``prompt_token_ids`` skips tokenizing a text prompt that the caller has already encoded.
+        ``priority``: lower runs first under the priority policy. ``deadline_s``: seconds after arrival past
+        which the request is stopped wherever it is (``finish_reason="deadline"``), its blocks freed.
         """
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         params = params or SamplingParams()
         ids = prompt_token_ids if prompt_token_ids is not None else self.encode(prompt)
@@ -114,6 +127,10 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time_s=arrival_s),
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             generator=make_generator(params, self.device),
+            arrival_index=next(self._arrival_counter),
+            priority=priority,
+            deadline_s=None if deadline_s is None else arrival_s + deadline_s,
+            waiting_since_s=arrival_s,
         )
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -135,11 +152,16 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one iteration; return an output for every request that produced a token or ended."""
-        outputs = self.process_aborts()
+        outputs = self.process_aborts() + self._expire_deadlines(time.perf_counter())
         batch = self.scheduler.schedule()
         start_s = time.perf_counter()
         for seq in batch.preempted:
+            seq.waiting_since_s = start_s
             self.tracer.instant(seq.request_id, "preempted", start_s)
+        for seq in batch.admitted:
+            seq.metrics.waiting_s += start_s - seq.waiting_since_s
+            if seq.num_preemptions:
+                self.tracer.instant(seq.request_id, "resumed", start_s)
         if not batch:
             return outputs
         tokens = self.runner.run(batch)
@@ -163,6 +185,11 @@ class LLMEngine:
                 continue
             outputs.append(self._finish(seq, "cancelled", None, time.perf_counter()))
         return outputs
+
+    def _expire_deadlines(self, now_s: float) -> list[RequestOutput]:
+        """Stop every request whose deadline has passed, waiting or running."""
+        late = [seq for seq in self.requests.values() if seq.deadline_s is not None and now_s > seq.deadline_s]
+        return [self._finish(seq, "deadline", None, now_s) for seq in late]
 
     def _append_token(self, seq: Sequence, token: int, logprob: float | None, now_s: float) -> RequestOutput:
         seq.output_token_ids.append(token)
@@ -193,11 +220,14 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None, now_s: float) -> RequestOutput:
+        if seq in self.scheduler.waiting:  # it ends while waiting: that wait counts too
+            seq.metrics.waiting_s += now_s - seq.waiting_since_s
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         seq.metrics.finish_time_s = now_s
         seq.detokenizer.flush()
         self.scheduler.finish(seq)
-        self.tracer.instant(seq.request_id, "cancelled" if reason == "cancelled" else "finished", now_s, reason=reason)
+        event = {"cancelled": "cancelled", "deadline": "deadline"}.get(reason, "finished")
+        self.tracer.instant(seq.request_id, event, now_s, reason=reason)
         output = self._output(seq)
         del self.requests[seq.request_id]
         return output

@@ -54,13 +54,17 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: int | Sequence[int] = 0,
+        deadline_s: float | Sequence[float | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt (text, or a list of token ids); outputs come back in prompt order.
 
         ``params`` is one :class:`SamplingParams` for all prompts or one per prompt. Every request is
-        checked before any is queued, so a bad one raises ``ValueError`` and nothing runs.
+        checked before any is queued, so a bad one raises ``ValueError`` and nothing runs. ``priority`` (lower
+        first, under the priority policy) and ``deadline_s`` (seconds after arrival, then the request is
+        stopped) are one value for all prompts or one per prompt.
         """
-        request_ids = self._add_all(prompts, params)
+        request_ids = self._add_all(prompts, params, priority, deadline_s)
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(request_ids), disable=not use_tqdm, desc="generate", unit="req") as progress:
             while len(finished) < len(request_ids):
@@ -99,17 +103,34 @@ class LLM:
         """KV blocks total and used, prefix-cache hit rate, preemptions, running and waiting requests."""
         return self.engine.stats().as_dict()
 
-    def _add_all(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None):
+    def _add_all(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: int | Sequence[int] = 0,
+        deadline_s: float | Sequence[float | None] | None = None,
+    ) -> list[str]:
         arrival_s = time.perf_counter()  # before tokenizing: tokenization is part of every request's latency
         prompts = _as_prompt_list(prompts)
         params_list = _as_params_list(params, len(prompts))
+        priorities = _per_prompt(priority, len(prompts), "priority")
+        deadlines = _per_prompt(deadline_s, len(prompts), "deadline_s")
         encoded = [self.engine.encode(prompt, i) for i, prompt in enumerate(prompts)]
         for ids, p in zip(encoded, params_list):
             self.engine.check_fits(ids, p)
         return [
-            self.engine.add_request(prompt, p, arrival_time_s=arrival_s, prompt_token_ids=ids)
-            for prompt, ids, p in zip(prompts, encoded, params_list)
+            self.engine.add_request(prompt, p, None, arrival_s, ids, rank, deadline)
+            for prompt, ids, p, rank, deadline in zip(prompts, encoded, params_list, priorities, deadlines)
         ]
+
+
+def _per_prompt(value, n: int, name: str) -> list:
+    """One value for all ``n`` prompts, or a sequence of exactly ``n``."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"got {len(value)} values of {name} for {n} prompts; pass one, or one per prompt")
+        return list(value)
+    return [value] * n
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

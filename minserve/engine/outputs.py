@@ -17,12 +17,18 @@ class RequestMetrics:
     token_times_s: list[float] = field(default_factory=list)
     finish_time_s: float | None = None
     first_scheduled_time_s: float | None = None  # when its first step began: the end of its queueing
+    waiting_s: float = 0.0  # all the time it spent waiting: queued at first, and again after each preemption
 
     @property
     def queue_s(self) -> float | None:
         """Time spent waiting before the first step that ran it."""
         first = self.first_scheduled_time_s
         return None if first is None else first - self.arrival_time_s
+
+    @property
+    def running_s(self) -> float | None:
+        """Time between arrival and finish not spent waiting: in the running batch (``None`` until done)."""
+        return None if self.finish_time_s is None else self.finish_time_s - self.arrival_time_s - self.waiting_s
 
     @property
     def first_token_time_s(self) -> float | None:

@@ -1,23 +1,32 @@
 """The scheduler decides, every step, which sequences run and how many of their tokens.
 
 Iteration-level (continuous) batching: a step is a budget of ``max_num_batched_tokens`` tokens and
-``max_num_seqs`` sequences. Running sequences are served first, in arrival order: a decode takes one token
-of the budget, a prompt being prefilled takes as many as remain (so a long prompt is split into chunks
-across steps). What is left of the budget admits waiting requests, first come first served, as long as
-the block manager has blocks for them: that is admission control on free KV memory.
+``max_num_seqs`` sequences. Running sequences are served first: a decode takes one token of the budget, a
+prompt being prefilled takes as many as remain, so a long prompt is split into chunks across steps and the
+decodes beside it keep producing a token every step (*chunked prefill*). What is left of the budget admits
+waiting requests, as long as the block manager has blocks for them: admission control on free KV memory.
+The order of both is the policy's (:mod:`minserve.engine.policies`): FCFS, priority, shortest prompt first
+with aging, or static batching.
 
-When a running sequence needs a new block and none is free, the most recently arrived running sequence is
-*preempted*: its blocks are released and it goes back to the front of the waiting queue, to be recomputed
-from its prompt and the tokens it already produced (nothing it produced is lost). Prefix caching usually
-makes the recompute cheap, since its full blocks are likely still cached.
+With chunked prefill off, a prompt is prefilled whole in one step, whatever the budget (at most one prompt
+over the budget per step): the step that carries it takes as long as the whole prompt, and every running
+decode waits that long for its next token.
+
+When a running sequence needs a new block and none is free, the running sequence the policy ranks last is
+*preempted*: its blocks are released and it goes back to waiting, to be recomputed from its prompt and the
+tokens it already produced (nothing it produced is lost). Prefix caching usually makes the recompute cheap,
+since its full blocks are likely still cached.
+
+The scheduler never reads a clock: it counts steps. The engine stamps the times; the simulator
+(:mod:`minserve.capacity.simulator`) runs this same code on a virtual clock.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from minserve.engine.block_manager import BlockManager
+from minserve.engine.policies import Policy, make_policy
 from minserve.engine.sequence import Sequence, SequenceStatus
 
 
@@ -28,6 +37,7 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # went from waiting to running this step
 
     @property
     def num_tokens(self) -> int:
@@ -38,13 +48,23 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str | Policy = "fcfs",
+        enable_chunked_prefill: bool = True,
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.policy = make_policy(policy)
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.num_steps = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -53,18 +73,27 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
+        self.num_steps += 1
+        for seq in self.waiting:
+            seq.steps_waited += 1
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         budget = self._schedule_running(batch, budget)
-        if not batch.preempted:  # memory is short this step: admitting more would only thrash
+        if batch.preempted:
+            return batch  # memory is short this step: admitting more would only thrash
+        if self.policy.admits_while_running or not self.running:
             self._admit_waiting(batch, budget)
         return batch
 
+    def _tokens_to_run(self, num_uncomputed: int, budget: int) -> int:
+        """How many of a sequence's uncomputed tokens run this step: chunked to the budget, or all of them."""
+        return min(num_uncomputed, budget) if self.enable_chunked_prefill else num_uncomputed
+
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        queue = list(self.running)  # arrival order; victims are taken from the back
+        queue = sorted(self.running, key=self.policy.key)  # served first to last; victims from the back
         while queue and budget > 0:
             seq = queue.pop(0)
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = self._tokens_to_run(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim, batch)
@@ -78,21 +107,25 @@ class Scheduler:
         return budget
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        for seq in sorted(self.waiting, key=self.policy.key):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                return
             cached = self.block_manager.find_cached_prefix(seq.token_ids)
             uncached_tokens = seq.num_tokens - len(cached) * self.block_manager.block_size
-            num_new = min(uncached_tokens, budget)
+            num_new = self._tokens_to_run(uncached_tokens, budget)
+            if num_new > budget and batch.admitted:
+                return  # unchunked, a prompt over the budget goes alone: it waits for the next step
             new_blocks = -(-(seq.num_tokens - uncached_tokens + num_new) // self.block_manager.block_size)
             if not self.block_manager.can_allocate(new_blocks - len(cached) + self._revived(cached)):
-                return  # admission waits for free blocks; FCFS, so nobody overtakes the head
-            self.waiting.popleft()
+                return  # admission waits for free blocks; nobody overtakes the one the policy ranks first
+            self.waiting.remove(seq)
             self.block_manager.share_cached_prefix(seq, cached)
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
+            batch.admitted.append(seq)
             budget -= num_new
 
     def _revived(self, cached: list[int]) -> int:
@@ -105,7 +138,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.append(seq)  # where it waits is the policy's key, not its place in the list
         batch.preempted.append(seq)
 
     def finish(self, seq: Sequence) -> None:

@@ -42,6 +42,11 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks, by content
     num_preemptions: int = 0
+    arrival_index: int = 0  # order of arrival, set by the engine: FCFS's key
+    priority: int = 0  # lower runs first under the priority policy (as in vLLM)
+    steps_waited: int = 0  # steps spent waiting so far: what aging counts
+    deadline_s: float | None = None  # perf_counter time past which the request is stopped
+    waiting_since_s: float = 0.0  # when it last started waiting (arrival, or its latest preemption)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     visible_chars: int = 0  # characters of the detokenized text already reported to the caller
