@@ -18,6 +18,8 @@ class EngineConfig:
     ``enable_chunked_prefill`` a long prompt is split across steps to stay within it, without it a prompt is
     prefilled whole in one step. ``scheduling_policy`` orders admission and preemption: ``"fcfs"``,
     ``"priority"``, ``"spf"`` (shortest prompt first, with aging) or ``"static"`` (static batching).
+    ``preemption_mode`` is ``"recompute"`` or ``"swap"`` (KV copied to ``swap_space_bytes`` of host memory,
+    by default as many blocks as the device cache has).
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
@@ -42,6 +44,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    swap_space_bytes: int | None = None
     enable_tracing: bool = True
     num_threads: int | None = None
     backend: str = "auto"
@@ -55,6 +59,7 @@ class EngineConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("num_threads", self.num_threads, optional=True)
+        _positive("swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
 
 
 def _positive(name: str, value: object, minimum: int = 1, optional: bool = False) -> None:

@@ -43,10 +43,15 @@ actions = st.lists(st.sampled_from(["step", "step", "step", "cancel"]), min_size
     block_size=st.sampled_from([1, 2, 4, 8]),
     budget=st.integers(1, 64),
     prefix_caching=st.booleans(),
+    num_cpu_blocks=st.sampled_from([0, 3, 40]),  # no swapping, host memory that fills up, plenty
+    policy=st.sampled_from(["fcfs", "priority", "spf", "static"]),
 )
-def test_no_block_is_leaked_or_double_owned(requests, actions, num_blocks, block_size, budget, prefix_caching):
-    block_manager = BlockManager(num_blocks, block_size, prefix_caching)
-    scheduler = Scheduler(block_manager, max_num_seqs=8, max_num_batched_tokens=budget)
+def test_no_block_is_leaked_or_double_owned(
+    requests, actions, num_blocks, block_size, budget, prefix_caching, num_cpu_blocks, policy
+):
+    block_manager = BlockManager(num_blocks, block_size, prefix_caching, num_cpu_blocks)
+    mode = "swap" if num_cpu_blocks else "recompute"
+    scheduler = Scheduler(block_manager, 8, budget, policy=policy, preemption_mode=mode)
     capacity_tokens = num_blocks * block_size
     live = []
     for i, (prompt, max_tokens) in enumerate(requests):
@@ -71,7 +76,8 @@ def test_no_block_is_leaked_or_double_owned(requests, actions, num_blocks, block
             live.remove(seq)
         block_manager.check_invariants(live)
     assert not scheduler.has_unfinished() and not live
-    assert block_manager.num_free_blocks == num_blocks
+    assert block_manager.num_free_blocks == num_blocks  # nothing leaked on the device
+    assert len(block_manager.free_cpu_blocks) == num_cpu_blocks  # nor in host memory
 
 
 def test_shared_prefix_blocks_are_reference_counted_and_survive_release():

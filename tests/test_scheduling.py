@@ -188,3 +188,33 @@ def test_metrics_split_each_request_into_waiting_and_running():
         assert m.running_s == pytest.approx(m.e2e_s - m.waiting_s)
     waits = [out.metrics.waiting_s for out in outputs]
     assert waits[0] < waits[1] < waits[2]  # each waited for those before it
+
+
+def test_swap_preemption_moves_kv_to_host_and_back():
+    block_manager = BlockManager(num_blocks=9, block_size=2, num_cpu_blocks=16)
+    scheduler = Scheduler(block_manager, max_num_seqs=3, max_num_batched_tokens=64, preemption_mode="swap")
+    seqs = [stand_in.make_sequence(i, [1, 2, 3, 4], max_tokens=6) for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq)
+    swapped_out = swapped_in = 0
+    while scheduler.has_unfinished():
+        batch, _ = stand_in.step(scheduler, block_manager)
+        swapped_out += len(batch.swap_out)
+        swapped_in += len(batch.swap_in)
+        block_manager.check_invariants([*scheduler.running, *scheduler.waiting, *scheduler.swapped])
+    assert swapped_out > 0 and swapped_in == swapped_out  # every block that went out came back
+    assert all(len(seq.output_token_ids) == 6 for seq in seqs)  # nothing recomputed from scratch was lost
+    assert block_manager.num_free_blocks == 9 and len(block_manager.free_cpu_blocks) == 16
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preempted_requests_resume_with_the_uninterrupted_output(baseline, mode):
+    # 10 blocks of 8 tokens for 6 requests of up to ~30 tokens each: preemption is certain.
+    llm = LLM(preemption_mode=mode, num_kv_blocks=10, block_size=8, max_num_seqs=6, max_num_batched_tokens=64)
+    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0))
+    assert [o.token_ids for o in outputs] == baseline
+    stats = llm.stats()
+    assert stats["num_preemptions"] > 0 and stats["kv_blocks_used"] == 0
+    modes = {e.args["mode"] for e in llm.tracer.events if e.name == "preempted"}
+    assert modes == {mode}
+    assert len(llm.engine.block_manager.free_cpu_blocks) == llm.engine.block_manager.num_cpu_blocks

@@ -42,7 +42,9 @@ class NoFreeBlocksError(RuntimeError):
 class BlockManager:
     """Paged KV memory with reference counts, prefix hashing and LRU reuse of freed blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, num_cpu_blocks: int = 0
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -50,6 +52,9 @@ class BlockManager:
         # prefix hit revives from the middle of the queue.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
+        # Host memory for swapped-out sequences: plain blocks, never shared or named; free ones in a set.
+        self.num_cpu_blocks = num_cpu_blocks
+        self.free_cpu_blocks: set[int] = set(range(num_cpu_blocks))
         self.prefix_queries_tokens = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits_tokens = 0  # of those, tokens found
 
@@ -165,6 +170,45 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    # --- swapping to host memory -------------------------------------------------------------------------
+
+    def can_swap_out(self, seq: Sequence) -> bool:
+        return len(seq.block_table) <= len(self.free_cpu_blocks)
+
+    def swap_out(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Move ``seq``'s KV to host blocks: returns the (device block, host block) copies to make *before* the
+        device blocks are written again. Its device blocks are released as by :meth:`free` (a shared prefix
+        block stays with its other holders); its computed tokens stay computed."""
+        host = [self.free_cpu_blocks.pop() for _ in seq.block_table]
+        copies = list(zip(seq.block_table, host))
+        computed = seq.num_computed_tokens
+        self.free(seq)
+        seq.cpu_block_table, seq.num_computed_tokens = host, computed
+        return copies
+
+    def can_swap_in(self, seq: Sequence) -> bool:
+        return len(seq.cpu_block_table) <= self.num_free_blocks
+
+    def swap_in(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Bring a swapped-out sequence back into fresh device blocks: returns the (host, device) copies."""
+        device = []
+        for _ in seq.cpu_block_table:
+            block_id = next(iter(self.free_queue))
+            self._forget_name(self.blocks[block_id])
+            self._take(block_id)
+            device.append(block_id)
+        copies = list(zip(seq.cpu_block_table, device))
+        self.free_cpu_blocks.update(seq.cpu_block_table)
+        seq.cpu_block_table, seq.block_table = [], device
+        seq.block_hashes = []  # the fresh blocks hold the same tokens: name them again, as at first
+        return copies
+
+    def free_swapped(self, seq: Sequence) -> None:
+        """Release the host blocks of a swapped-out sequence that finished or was cancelled there."""
+        self.free_cpu_blocks.update(seq.cpu_block_table)
+        seq.cpu_block_table = []
+        seq.num_computed_tokens = 0
+
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:
@@ -191,7 +235,8 @@ class BlockManager:
           the whole prefix up to it, so it can stand at one position only);
         - a named block is full, registered under its name (and the name only under it), and holds
           the tokens that each holder has at that position;
-        - with prefix caching off, nothing is named.
+        - with prefix caching off, nothing is named;
+        - each host block is held by at most one swapped-out sequence, or free, never both nor neither.
 
         It raises explicitly rather than with ``assert`` statements, so it also checks under ``python -O``.
         """
@@ -235,6 +280,13 @@ class BlockManager:
                         tokens == block.token_ids,
                         f"{where}: holds other tokens than request {seq.request_id} has at block {index}",
                     )
+        host_held = [block_id for seq in live for block_id in seq.cpu_block_table]
+        _require(len(host_held) == len(set(host_held)), "a host block is held twice")
+        _require(not set(host_held) & self.free_cpu_blocks, "a held host block is also free")
+        _require(
+            len(host_held) + len(self.free_cpu_blocks) == self.num_cpu_blocks,
+            f"host blocks: {len(host_held)} held + {len(self.free_cpu_blocks)} free ≠ {self.num_cpu_blocks}",
+        )
         num_unheld = sum(1 for block in self.blocks if block.ref_count == 0)
         _require(len(self.free_queue) == num_unheld, f"free queue holds {len(self.free_queue)}, not {num_unheld}")
         for block_hash, block_id in self.hash_to_block.items():

@@ -23,7 +23,7 @@ from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
-from minserve.engine.sequence import Sequence
+from minserve.engine.sequence import Sequence, SequenceStatus
 from minserve.model.backends import resolve_backend
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
@@ -64,15 +64,17 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.stop_token_ids = self._stop_token_ids()
         num_blocks = self._num_kv_blocks()
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        num_cpu_blocks = self._num_cpu_blocks(num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks)
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
             config.max_num_batched_tokens,
             policy=config.scheduling_policy,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            preemption_mode=config.preemption_mode,
         )
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, num_cpu_blocks)
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
         capacity_tokens = num_blocks * config.block_size
@@ -157,7 +159,8 @@ class LLMEngine:
         start_s = time.perf_counter()
         for seq in batch.preempted:
             seq.waiting_since_s = start_s
-            self.tracer.instant(seq.request_id, "preempted", start_s)
+            mode = "swap" if seq.status is SequenceStatus.SWAPPED else "recompute"
+            self.tracer.instant(seq.request_id, "preempted", start_s, mode=mode)
         for seq in batch.admitted:
             seq.metrics.waiting_s += start_s - seq.waiting_since_s
             if seq.num_preemptions:
@@ -220,7 +223,7 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None, now_s: float) -> RequestOutput:
-        if seq in self.scheduler.waiting:  # it ends while waiting: that wait counts too
+        if seq in self.scheduler.waiting or seq in self.scheduler.swapped:  # ends while waiting: that counts too
             seq.metrics.waiting_s += now_s - seq.waiting_since_s
         seq.finish_reason, seq.stop_reason = reason, stop_reason
         seq.metrics.finish_time_s = now_s
@@ -297,6 +300,14 @@ class LLMEngine:
             )
         return num_blocks
 
+    def _num_cpu_blocks(self, num_blocks: int) -> int:
+        """Host blocks for swapping: from ``swap_space_bytes``, by default as many as the device has."""
+        if self.config.preemption_mode != "swap":
+            return 0
+        if self.config.swap_space_bytes is None:
+            return num_blocks
+        return self.config.swap_space_bytes // self.kv_bytes_per_block()
+
     def stats(self) -> EngineStats:
         return EngineStats(
             kv_blocks_total=self.block_manager.num_blocks,
@@ -305,7 +316,7 @@ class LLMEngine:
             prefix_cache_hit_rate=self.block_manager.prefix_cache_hit_rate,
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
         )
 
 

@@ -17,7 +17,7 @@ from minserve.model.llama import LlamaForCausalLM
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.block_size = block_size
@@ -28,6 +28,12 @@ class ModelRunner:
             config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, self.device
         )
         model.set_kv_caches(self.kv_caches)
+        # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
+        self.cpu_kv_caches = allocate_kv_cache(
+            config.num_layers, num_cpu_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, "cpu"
+        ) if num_cpu_blocks else []  # fmt: skip
+        if num_cpu_blocks and self.device.type == "cuda":
+            self.cpu_kv_caches = [cache.pin_memory() for cache in self.cpu_kv_caches]
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -36,6 +42,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[int, float | None] | None]:
         """One forward over the batch: (token, logprob) per sequence, or None where a prompt is unfinished."""
+        self.swap(batch.swap_out, batch.swap_in)  # before the forward reuses any block just given up
         input_ids, positions, meta = self.prepare(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)
@@ -46,6 +53,17 @@ class ModelRunner:
         sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
         tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])
         return [next(tokens) if end else None for end in ends]
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
+        """Copy KV blocks device → host (``(device, host)`` pairs), then host → device (``(host, device)``)."""
+        if swap_out:
+            device_ids, host_ids = (torch.tensor(ids) for ids in zip(*swap_out))
+            for gpu, cpu in zip(self.kv_caches, self.cpu_kv_caches):
+                cpu[:, host_ids] = gpu[:, device_ids.to(self.device)].cpu()
+        if swap_in:
+            host_ids, device_ids = (torch.tensor(ids) for ids in zip(*swap_in))
+            for gpu, cpu in zip(self.kv_caches, self.cpu_kv_caches):
+                gpu[:, device_ids.to(self.device)] = cpu[:, host_ids].to(self.device, non_blocking=True)
 
     def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """Record decode steps as CUDA graphs (see :mod:`minserve.engine.cuda_graphs`)."""

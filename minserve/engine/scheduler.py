@@ -13,9 +13,16 @@ over the budget per step): the step that carries it takes as long as the whole p
 decode waits that long for its next token.
 
 When a running sequence needs a new block and none is free, the running sequence the policy ranks last is
-*preempted*: its blocks are released and it goes back to waiting, to be recomputed from its prompt and the
-tokens it already produced (nothing it produced is lost). Prefix caching usually makes the recompute cheap,
-since its full blocks are likely still cached.
+*preempted*, in one of two ways (``preemption_mode``):
+
+* ``recompute``: its blocks are released and it goes back to waiting, to be recomputed from its prompt and
+  the tokens it already produced (nothing it produced is lost). Prefix caching often makes that cheap;
+* ``swap``: its KV blocks are copied to host memory and released; it is *swapped* until blocks are free,
+  then copied back and carries on where it stopped. It costs copies over the host link instead of compute.
+  When host memory is full too, it falls back to recompute.
+
+Swapped sequences come back before waiting ones are admitted. The copies a step needs are listed in its
+batch (``swap_out``, ``swap_in``); the model runner makes them before the forward pass.
 
 The scheduler never reads a clock: it counts steps. The engine stamps the times; the simulator
 (:mod:`minserve.capacity.simulator`) runs this same code on a virtual clock.
@@ -29,6 +36,8 @@ from minserve.engine.block_manager import BlockManager
 from minserve.engine.policies import Policy, make_policy
 from minserve.engine.sequence import Sequence, SequenceStatus
 
+PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
+
 
 @dataclass
 class ScheduledBatch:
@@ -37,7 +46,9 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
-    admitted: list[Sequence] = field(default_factory=list)  # went from waiting to running this step
+    admitted: list[Sequence] = field(default_factory=list)  # went from waiting (or swapped) to running
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block) to copy
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block) to copy
 
     @property
     def num_tokens(self) -> int:
@@ -55,14 +66,19 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: str | Policy = "fcfs",
         enable_chunked_prefill: bool = True,
+        preemption_mode: str = "recompute",
     ) -> None:
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = make_policy(policy)
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.preemption_mode = preemption_mode
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
         self.num_preemptions = 0
         self.num_steps = 0
 
@@ -70,18 +86,19 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> ScheduledBatch:
         self.num_steps += 1
-        for seq in self.waiting:
+        for seq in (*self.waiting, *self.swapped):
             seq.steps_waited += 1
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         budget = self._schedule_running(batch, budget)
         if batch.preempted:
             return batch  # memory is short this step: admitting more would only thrash
-        if self.policy.admits_while_running or not self.running:
+        budget = self._swap_in(batch, budget)
+        if not self.swapped and (self.policy.admits_while_running or not self.running):
             self._admit_waiting(batch, budget)
         return batch
 
@@ -104,6 +121,27 @@ class Scheduler:
                 batch.seqs.append(seq)
                 batch.num_new_tokens.append(num_new)
                 budget -= num_new
+        return budget
+
+    def _swap_in(self, batch: ScheduledBatch, budget: int) -> int:
+        """Bring swapped sequences back, in the policy's order, while blocks and seats allow."""
+        for seq in sorted(self.swapped, key=self.policy.key):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            num_new = self._tokens_to_run(seq.num_uncomputed_tokens, budget)
+            blocks = len(seq.cpu_block_table)
+            grow = max(0, -(-(seq.num_computed_tokens + num_new) // self.block_manager.block_size) - blocks)
+            if not self.block_manager.can_allocate(blocks + grow):
+                break  # the first in line waits for memory; nobody overtakes it
+            self.swapped.remove(seq)
+            batch.swap_in += self.block_manager.swap_in(seq)
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            batch.admitted.append(seq)
+            budget -= num_new
         return budget
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
@@ -134,12 +172,17 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.append(seq)  # where it waits is the policy's key, not its place in the list
         batch.preempted.append(seq)
+        if self.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
+            batch.swap_out += self.block_manager.swap_out(seq)
+            seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(seq)
+            return
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)  # where it waits is the policy's key, not its place in the list
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out of the queues and release its blocks."""
@@ -147,5 +190,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self.block_manager.free_swapped(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED

@@ -20,6 +20,7 @@ from minserve.engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
     RUNNING = "running"  # holds blocks and is scheduled every step
+    SWAPPED = "swapped"  # preempted by swap: its KV waits in host memory (cpu_block_table)
     FINISHED = "finished"
 
 
@@ -38,6 +39,7 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)  # only when params.logprobs
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
+    cpu_block_table: list[int] = field(default_factory=list)  # host blocks, while swapped out
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks, by content
