@@ -148,6 +148,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         backend=args.backend,
         enable_cuda_graphs=not args.no_cuda_graphs,
+        scheduling_policy=args.scheduling_policy,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        preemption_mode=args.preemption_mode,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
@@ -234,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on a GPU")
+    serve.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "spf", "static"])
+    serve.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt whole, in one step")
+    serve.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
     serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
     serve.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads of the engine (default on a CPU: cores − 1)"

@@ -227,3 +227,11 @@ def test_refusals_are_counted_by_reason(server):
 
     assert count(after, "model_not_found") == count(before, "model_not_found") + 1
     assert count(after, "invalid") == count(before, "invalid") + 1
+
+
+def test_priority_reaches_the_engine(server):
+    body = {"model": MODEL, "prompt": "x = ", "max_tokens": 2, "priority": 3}
+    response = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    bad = httpx.post(server.url + "/v1/completions", json=body | {"priority": "high"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"

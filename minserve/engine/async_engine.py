@@ -163,6 +163,7 @@ class AsyncLLMEngine:
         request_id: str,
         prompt_token_ids: list[int] | None = None,
         arrival_time_s: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs as steps produce them. Leaving early cancels it.
 
@@ -180,7 +181,7 @@ class AsyncLLMEngine:
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
         self._requests[request_id] = state
-        self._send(("add", request_id, prompt, params, ids, arrival_s))
+        self._send(("add", request_id, prompt, params, ids, arrival_s, priority))
         finished = False
         try:
             while not finished:

@@ -7,7 +7,7 @@ time halved the engine's throughput. vLLM moved its engine core into its own pro
 
 The protocol is a few tuples over a ``multiprocessing`` pipe. To the core:
 
-* ``("add", request_id, prompt, params, prompt_token_ids, arrival_time_s)``
+* ``("add", request_id, prompt, params, prompt_token_ids, arrival_time_s, priority)``
 * ``("abort", request_id)``
 * ``("trace",)`` – send back every trace event recorded so far
 * ``("shutdown", trace_path_or_None)``
@@ -99,9 +99,9 @@ def _handle(engine: LLMEngine, conn: Connection, message: tuple) -> bool:
     """Carry out one command; ``False`` means stop."""
     kind = message[0]
     if kind == "add":
-        _, request_id, prompt, params, prompt_token_ids, arrival_time_s = message
+        _, request_id, prompt, params, prompt_token_ids, arrival_time_s, priority = message
         try:
-            engine.add_request(prompt, params, request_id, arrival_time_s, prompt_token_ids)
+            engine.add_request(prompt, params, request_id, arrival_time_s, prompt_token_ids, priority)
         except ValueError as error:
             conn.send(("rejected", request_id, str(error)))
     elif kind == "abort":

@@ -45,6 +45,7 @@ class _Prepared:
     include_usage: bool
     model: str
     arrival_time_s: float  # time.perf_counter() when the server began handling it
+    priority: int = 0
 
 
 class ApiError(Exception):
@@ -186,12 +187,14 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         if engine.stats().num_waiting >= config.max_waiting_requests:
             raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _Prepared(f"cmpl-{uuid.uuid4().hex}", prompt, ids, params, include_usage, model_name, arrival_s)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        return _Prepared(request_id, prompt, ids, params, include_usage, model_name, arrival_s, body.priority)
 
     async def _respond(prepared: _Prepared, stream: bool, kind: str):
         outputs = engine.generate(
-            prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids, prepared.arrival_time_s
-        )
+            prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids, prepared.arrival_time_s,
+            prepared.priority,
+        )  # fmt: skip
         if stream:
             return StreamingResponse(_sse(prepared, outputs, kind), media_type="text/event-stream")
         try:

@@ -35,6 +35,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # minserve extension, as in vLLM
+    priority: int = 0  # minserve extension, as in vLLM: lower runs first under --scheduling-policy priority
     n: int = Field(default=1, ge=1, le=1)  # one choice per request
 
     @field_validator("stop")
