@@ -15,6 +15,7 @@ EXERCISES = Path(__file__).resolve().parents[1] / "exercises"
 CHAPTERS = {
     "ch01": "ch01_metrics.py",
     "ch02": "ch02_detokenizer.py",
+    "ch03": "ch03_triton.py",
     "ch04": "ch04_kv_cache.py",
     "ch10": "ch10_loadtest.py",
 }
