@@ -2,8 +2,9 @@
 
 Pure functions over model configs and public hardware numbers; no pandas, no plotly (those live in
 :mod:`minserve.lab`, which draws these numbers). This package sits above the engine and the model.
-:mod:`minserve.capacity.profiler` measures the engine itself and is imported on its own
-(``from minserve.capacity import profiler``); the rest is arithmetic.
+:mod:`minserve.capacity.profiler` measures the engine itself, and :mod:`minserve.capacity.simulator` runs the
+engine's scheduler on a virtual clock (chapter 05); both use the engine, so each is imported on its own
+(``from minserve.capacity import profiler, simulator``); the rest is arithmetic.
 """
 
 from minserve.capacity.kv import (

@@ -1,12 +1,20 @@
-"""``minserve plan``: capacity planning from arithmetic, before any experiment. ``plan roofline`` is its first kind.
+"""``minserve plan``: capacity planning before (or instead of) experiments on the engine.
 
 ``minserve plan roofline --model Llama-3-8B --gpu H100 --batch 1,8,64 --context 1024 --prompt 512`` prints the
 roofline's predicted prefill time and decode step times, which roof binds each, and the critical batch size.
+
+``minserve plan calibrate --out cost.json`` times a short workload on the engine and fits the simulator's
+step-cost model; ``minserve plan simulate --cost cost.json --rates 2,4,8`` runs a workload through the
+discrete-event simulator (:mod:`minserve.capacity.simulator`: the real scheduler on a virtual clock) and prints
+the SLO summary at each rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+from pathlib import Path
 
 from minserve.capacity import roofline
 from minserve.capacity.kv import DTYPE_BYTES, dtype_bytes, kv_bytes_per_token, model_config
@@ -16,9 +24,12 @@ from minserve.model.config import ModelConfig
 
 
 def add_plan_command(commands: argparse._SubParsersAction) -> None:
-    """Register ``plan`` and its sub-command ``roofline`` on the top-level parser's sub-commands."""
+    """Register ``plan`` and its kinds ``roofline``, ``calibrate`` and ``simulate`` on the top-level parser's
+    sub-commands."""
     plan = commands.add_parser(
-        "plan", help="capacity planning from arithmetic", description="Capacity planning (chapters 03, 04, 09)."
+        "plan",
+        help="capacity planning: roofline, calibration, simulation",
+        description="Capacity planning (chapters 03, 04, 05, 09).",
     )
     kinds = plan.add_subparsers(dest="plan_command", required=True, metavar="KIND")
     gpus = ", ".join([*roofline.HARDWARE, roofline.THIS_MACHINE])
@@ -41,6 +52,209 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
         help="weights and KV dtype (auto: the GPU's, bfloat16; float32 on 'this')",
     )
     rl.set_defaults(run=_cmd_plan_roofline)
+    _add_calibrate(kinds)
+    _add_simulate(kinds)
+
+
+POLICY_NAMES = "fcfs, priority, spf (shortest prompt first, aged) or static"
+
+
+def _add_engine_options(parser: argparse.ArgumentParser, defaults_from: str) -> None:
+    """The engine's scheduling knobs (``None`` where the default comes from ``defaults_from``)."""
+    group = parser.add_argument_group(f"engine (default: {defaults_from})")
+    group.add_argument("--max-num-seqs", type=int, default=None)
+    group.add_argument("--max-num-batched-tokens", type=int, default=None)
+    group.add_argument("--block-size", type=int, default=None)
+    group.add_argument("--num-kv-blocks", type=int, default=None)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--scheduling-policy", default=None, help=POLICY_NAMES)
+    group.add_argument("--preemption-mode", default=None, choices=["recompute", "swap"])
+    group.add_argument("--no-chunked-prefill", action="store_true")
+    group.add_argument("--no-prefix-caching", action="store_true")
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    """The knobs given on the command line, under :class:`~minserve.config.EngineConfig`'s names."""
+    names = (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "block_size",
+        "num_kv_blocks",
+        "max_model_len",
+        "scheduling_policy",
+        "preemption_mode",
+    )
+    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.no_chunked_prefill:
+        options["enable_chunked_prefill"] = False
+    if args.no_prefix_caching:
+        options["enable_prefix_caching"] = False
+    return options
+
+
+def _add_calibrate(kinds: argparse._SubParsersAction) -> None:
+    cal = kinds.add_parser(
+        "calibrate",
+        help="fit the simulator's step-cost model on the engine",
+        description=_cmd_plan_calibrate.__doc__,
+    )
+    cal.add_argument("--model", default="minserve-tiny", help="an embedded model or a checkpoint directory")
+    cal.add_argument("--out", type=Path, default=Path("step-cost.json"), help="where to write the cost model")
+    cal.add_argument("--device", default="auto")
+    cal.add_argument("--dtype", default="auto")
+    cal.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    cal.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    cal.add_argument("--quick", action="store_true", help="a few seconds' workload: a rough fit, for a try")
+    cal.add_argument("--seed", type=int, default=0)
+    _add_engine_options(cal, "the engine's")
+    cal.set_defaults(run=_cmd_plan_calibrate)
+
+
+QUICK_WORKLOAD = dict(
+    single_prompts=4,
+    batch_sizes=(1, 8),
+    context_lengths=(32, 128),
+    decode_steps=8,
+    mixed_requests=12,
+    mixed_gaps_steps=(4.0,),
+    max_output_tokens=32,
+)
+
+
+def _cmd_plan_calibrate(args: argparse.Namespace) -> int:
+    """Time a short, varied workload on the engine (single prompts, decode batches, a mixed load; about 20 s on
+    a 2-core CPU with the embedded model, a few with --quick), fit the step-cost model by least squares, print
+    it with its errors, and save it as JSON for `minserve plan simulate --cost`."""
+    from minserve.capacity.calibration import calibrate
+    from minserve.engine.llm import LLM
+
+    options = _engine_options(args) | {"enable_tracing": False}
+    llm = LLM(
+        args.model, device=args.device, dtype=args.dtype, backend=args.backend, num_threads=args.threads, **options
+    )
+    workload = QUICK_WORKLOAD if args.quick else {}
+    cost = calibrate(llm, seed=args.seed, **workload)
+    fit_info, info = cost.info["fit"], cost.info
+    count = info.get("threads")
+    threads = f", {count} thread{'s' if count != 1 else ''}" if count else ""
+    print(
+        f"{info['model']} on {info['device']} ({info['dtype']}, {info['backend']} backend{threads}): "
+        f"{fit_info['samples']} steps measured in {info['measure_s']:.1f} s"
+    )
+    print(cost.describe())
+    print(
+        f"fit: median step error {fit_info['median_relative_error']:.1%}, p90 {fit_info['p90_relative_error']:.1%}, "
+        f"R² {fit_info['r2']:.3f}; {fit_info['set_aside']} outlying steps set aside"
+    )
+    print(f"wrote {cost.save(args.out)}")
+    return 0
+
+
+def _add_simulate(kinds: argparse._SubParsersAction) -> None:
+    sim = kinds.add_parser(
+        "simulate",
+        help="run a workload through the scheduler simulator",
+        description=_cmd_plan_simulate.__doc__,
+    )
+    sim.add_argument("--cost", type=Path, required=True, help="a step-cost file from `minserve plan calibrate`")
+    sim.add_argument("--num-prompts", type=int, default=200, help="requests per rate")
+    sim.add_argument("--rates", default="4", help="requests/s, Poisson, comma-separated sweep; inf = all at once")
+    sim.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: <1 burstier")
+    sim.add_argument("--prompt-len", default="uniform:256:240", help="N, uniform:MEAN:SPREAD or lognormal:MEAN:SD")
+    sim.add_argument("--output-len", default="uniform:64:48", help="as --prompt-len")
+    sim.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with")
+    sim.add_argument("--slo-ttft-ms", type=float, default=None, help="for goodput: TTFT at most this")
+    sim.add_argument("--slo-tpot-ms", type=float, default=None, help="for goodput: TPOT at most this")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--json", type=Path, default=None, help="also write the summaries here")
+    _add_engine_options(sim, "the calibrated engine's, from the cost file")
+    sim.set_defaults(run=_cmd_plan_simulate)
+
+
+def _cmd_plan_simulate(args: argparse.Namespace) -> int:
+    """Run a seeded workload (Poisson arrivals at each of --rates, prompt and output lengths from their specs)
+    through the discrete-event simulator: the engine's own scheduler and block manager on a virtual clock, each
+    step costed by the model in --cost. Prints TTFT, TPOT, ITL and E2E percentiles, throughput, and goodput
+    under an SLO when one is given. The engine's knobs default to those the cost file was calibrated with."""
+    from minserve import slo
+    from minserve.capacity.simulator import (
+        SimConfig,
+        Simulator,
+        StepCostModel,
+        make_requests,
+        poisson_arrivals,
+        sample_lengths,
+    )
+
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}")
+    rates = parse_rates(args.rates)
+    cost = StepCostModel.load(args.cost)
+    config = SimConfig.from_dict(cost.info.get("engine", {}), **_engine_options(args))
+    limit = config.max_model_len - 1 if config.max_model_len else 1 << 20
+    prompts = sample_lengths(args.prompt_len, args.num_prompts, args.seed, limit)
+    outputs = sample_lengths(args.output_len, args.num_prompts, args.seed + 1)
+    target = None
+    if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
+        target = slo.SLO("cli", ttft_s=_seconds(args.slo_ttft_ms), tpot_s=_seconds(args.slo_tpot_ms))
+    print(
+        f"{args.num_prompts} requests, prompts {args.prompt_len}, outputs {args.output_len} tokens; "
+        f"policy {_policy_name(config.scheduling_policy)}, max_num_seqs {config.max_num_seqs}, "
+        f"{config.max_num_batched_tokens} tokens/step, {config.num_kv_blocks} KV blocks of {config.block_size}, "
+        f"chunked prefill {'on' if config.enable_chunked_prefill else 'off'}, "
+        f"prefix caching {'on' if config.enable_prefix_caching else 'off'}; cost model {args.cost}"
+    )
+    header = (
+        f"{'rate/s':>7}{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'TPOT p50':>10}{'p90':>8}{'ITL p99':>9}"
+        f"{'E2E p50':>9}{'req/s':>8}{'tok/s':>8}{'goodput':>9}{'preempt':>8}{'steps':>8}{'sim s':>7}"
+    )
+    print(f"{'':>7}{'ms':>10}{'':>18}{'ms':>10}{'':>8}{'ms':>9}{'ms':>9}")
+    print(header)
+    rows = []
+    for index, rate in enumerate(rates):
+        arrivals = poisson_arrivals(args.num_prompts, rate, args.seed + index, args.burstiness)
+        requests = make_requests(
+            arrivals, prompts, outputs, seed=args.seed + index, shared_prefix_tokens=args.shared_prefix_len
+        )
+        summary = Simulator(cost, config).run(requests).summary(target)
+        rows.append({"rate_rps": rate if math.isfinite(rate) else None, **summary})  # None: all at once
+        goodput = f"{summary['goodput_rps']:.2f}" if target is not None else "-"
+        print(
+            f"{rate:>7.3g}{summary['ttft_p50_ms']:>10.1f}{summary['ttft_p90_ms']:>9.1f}{summary['ttft_p99_ms']:>9.1f}"
+            f"{summary['tpot_p50_ms']:>10.2f}{summary['tpot_p90_ms']:>8.2f}{summary['itl_p99_ms']:>9.1f}"
+            f"{summary['e2e_p50_ms']:>9.0f}{summary['throughput_rps']:>8.2f}{summary['output_tokens_per_s']:>8.0f}"
+            f"{goodput:>9}{summary['preemptions']:>8}{summary['steps']:>8}{summary['wall_s']:>7.2f}"
+        )
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "run"},
+            "config": config.to_dict(),
+            "cost_model": cost.to_dict(),
+            "runs": rows,
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"1,2.5,inf"`` → ``[1.0, 2.5, inf]``; every rate positive."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--rates must be comma-separated numbers (or inf), got {text!r}") from None
+    if not rates or any(not rate > 0 or math.isnan(rate) for rate in rates):
+        raise ValueError(f"--rates must list positive requests/s, got {text!r}")
+    return rates
+
+
+def _seconds(milliseconds: float | None) -> float | None:
+    return None if milliseconds is None else milliseconds / 1e3
+
+
+def _policy_name(policy: object) -> str:
+    return getattr(policy, "name", str(policy))
 
 
 def _cmd_plan_roofline(args: argparse.Namespace) -> int:
@@ -132,4 +346,4 @@ def _si(value: float) -> str:
     return f"{value:.3g} "
 
 
-__all__ = ["add_plan_command", "format_roofline_plan", "parse_batches", "resolve_model"]
+__all__ = ["add_plan_command", "format_roofline_plan", "parse_batches", "parse_rates", "resolve_model"]

@@ -156,6 +156,8 @@ class LLMEngine:
         """Run one iteration; return an output for every request that produced a token or ended."""
         outputs = self.process_aborts() + self._expire_deadlines(time.perf_counter())
         batch = self.scheduler.schedule()
+        # Swap copies first, even in a step that runs nothing: the blocks a swap gave up may be reused next.
+        self.runner.swap(batch.swap_out, batch.swap_in)
         start_s = time.perf_counter()
         for seq in batch.preempted:
             seq.waiting_since_s = start_s

@@ -42,7 +42,6 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> list[tuple[int, float | None] | None]:
         """One forward over the batch: (token, logprob) per sequence, or None where a prompt is unfinished."""
-        self.swap(batch.swap_out, batch.swap_in)  # before the forward reuses any block just given up
         input_ids, positions, meta = self.prepare(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)
