@@ -38,9 +38,7 @@ def step(scheduler: Scheduler, block_manager: BlockManager, next_token: int = 0)
     batch = scheduler.schedule()
     finished = []
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        seq.num_computed_tokens += n
-        block_manager.name_full_blocks(seq)
-        if seq.num_computed_tokens == seq.num_tokens:
+        if scheduler.complete(seq, n):
             seq.output_token_ids.append(next_token)
             if len(seq.output_token_ids) >= seq.params.max_tokens:
                 scheduler.finish(seq)

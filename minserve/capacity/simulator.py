@@ -648,10 +648,7 @@ class Simulator:
             for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
                 if seq.metrics.first_scheduled_time_s is None:
                     seq.metrics.first_scheduled_time_s = clock
-                samples_token = seq.num_computed_tokens + num_new == seq.num_tokens  # the prompt (or recompute) done
-                seq.num_computed_tokens += num_new
-                block_manager.name_full_blocks(seq)
-                if samples_token:
+                if scheduler.complete(seq, num_new):  # the prompt (or a recompute) is done: a token
                     seq.output_token_ids.append(self.next_token)
                     seq.metrics.token_times_s.append(end)
                     full = len(seq.output_token_ids) >= seq.params.max_tokens

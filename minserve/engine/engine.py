@@ -173,8 +173,7 @@ class LLMEngine:
         end_s = time.perf_counter()
         for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, tokens):
             self._trace_step(seq, num_new, batch.num_tokens, start_s, end_s)
-            seq.num_computed_tokens += num_new
-            self.block_manager.name_full_blocks(seq)
+            self.scheduler.complete(seq, num_new)
             if token is not None:
                 outputs.append(self._append_token(seq, *token, end_s))
         return outputs

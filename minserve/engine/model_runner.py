@@ -47,7 +47,7 @@ class ModelRunner:
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
-        ends = [seq.num_computed_tokens + n == seq.num_tokens for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        ends = [seq.completes_with(n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
         sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
         tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])

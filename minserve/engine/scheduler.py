@@ -184,6 +184,17 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)  # where it waits is the policy's key, not its place in the list
 
+    def complete(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """After a step ran ``num_new_tokens`` of ``seq``: they are computed, and any block they filled is named
+        for the prefix cache. True when the step sampled a token for it (its known tokens are all computed).
+
+        The engine, the simulator and the tests' stand-in all do a step's bookkeeping through this.
+        """
+        samples = seq.completes_with(num_new_tokens)
+        seq.num_computed_tokens += num_new_tokens
+        self.block_manager.name_full_blocks(seq)
+        return samples
+
     def finish(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out of the queues and release its blocks."""
         if seq in self.running:

@@ -67,6 +67,10 @@ class Sequence:
         """Tokens still to run through the model before the next token can be sampled (≥ 1 when running)."""
         return self.num_tokens - self.num_computed_tokens
 
+    def completes_with(self, num_new_tokens: int) -> bool:
+        """Whether running ``num_new_tokens`` more tokens computes all it has, so the step samples its next."""
+        return self.num_computed_tokens + num_new_tokens == self.num_tokens
+
     @property
     def is_prefill(self) -> bool:
         return self.num_uncomputed_tokens > 1
