@@ -123,6 +123,8 @@ def decode_attention(
         return out
     max_context = int(context_lens.max()) if max_context_len is None else max_context_len
     splits = num_splits or num_splits_for(max_context, batch)
+    if splits & (splits - 1):
+        raise ValueError(f"decode_attention: num_splits must be a power of two, got {splits}")
     keys_per_split = triton.cdiv(triton.cdiv(max_context, splits), BLOCK_N) * BLOCK_N
     partial_shape = (batch, num_heads, splits)
     acc = torch.empty((*partial_shape, head_dim), dtype=torch.float32, device=query.device)
