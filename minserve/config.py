@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minserve.engine.policies import Policy
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str | Policy = "fcfs"  # a name, or a Policy object (chapter 05's exercise plugs one in)
     preemption_mode: str = "recompute"
     swap_space_bytes: int | None = None
     enable_tracing: bool = True

@@ -2,7 +2,8 @@
 
 The engine records, per request: ``arrival``, ``tokenized``, ``queued``, ``scheduled`` (first time it runs),
 ``prefill`` spans (one per prompt chunk), ``decode`` spans (one per step that produced a token),
-``first_token``, ``preempted`` and ``finished`` or ``cancelled``. Times are seconds from
+``first_token``, ``preempted`` (with its mode, recompute or swap) and ``resumed``, and ``finished``,
+``cancelled`` or ``deadline``. Times are seconds from
 ``time.perf_counter``; spans carry a duration. ``to_chrome_trace`` gives the JSON that ui.perfetto.dev and
 chrome://tracing open (one track per request); ``to_dataframe`` gives a table.
 """

@@ -17,6 +17,7 @@ CHAPTERS = {
     "ch02": "ch02_detokenizer.py",
     "ch03": "ch03_triton.py",
     "ch04": "ch04_kv_cache.py",
+    "ch05": "ch05_scheduling.py",
     "ch10": "ch10_loadtest.py",
 }
 

@@ -520,3 +520,8 @@ def test_plan_simulate_bad_input_exits_with_a_message(tmp_path, capsys):
     assert "--rates" in capsys.readouterr().err
     assert main(["plan", "simulate", "--cost", str(cost_path), "--prompt-len", "big"]) == 2
     assert "length spec" in capsys.readouterr().err
+
+
+def test_sim_config_refuses_a_context_too_short_to_generate():
+    with pytest.raises(ValueError, match="max_model_len"):
+        SimConfig(max_model_len=1)

@@ -327,6 +327,8 @@ class SimConfig:
         make_policy(self.scheduling_policy)  # an unknown name fails here, not at the first run
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ValueError(f"SimConfig.max_model_len must be an integer ≥ 2 or None, got {self.max_model_len!r}")
 
     @property
     def host_blocks(self) -> int:
@@ -334,8 +336,6 @@ class SimConfig:
         if self.preemption_mode != "swap":
             return 0
         return self.num_kv_blocks if self.num_cpu_blocks is None else self.num_cpu_blocks
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ValueError(f"SimConfig.max_model_len must be an integer ≥ 2 or None, got {self.max_model_len!r}")
 
     @classmethod
     def from_engine(cls, llm: LLM | LLMEngine, **overrides: Any) -> SimConfig:

@@ -11,6 +11,7 @@ from minserve.lab.figures import latency_ecdf, latency_histogram
 from minserve.lab.kv import kv_calculator, kv_calculator_result, kv_memory_figure
 from minserve.lab.notebook import setup_notebook
 from minserve.lab.roofline import roofline_explorer, roofline_explorer_result
+from minserve.lab.scheduling import playground_result, run_engine, scheduling_playground
 from minserve.lab.tables import contract_table, percentile_table
 from minserve.lab.theme import TEMPLATE_NAME, use_course_theme
 from minserve.lab.widgets import attainment_for_thresholds, slo_explorer
@@ -29,9 +30,12 @@ __all__ = [
     "latency_histogram",
     "load_bundle",
     "percentile_table",
+    "playground_result",
     "request_timeline",
     "roofline_explorer",
     "roofline_explorer_result",
+    "run_engine",
+    "scheduling_playground",
     "setup_notebook",
     "slo_explorer",
     "stage_explorer",
