@@ -135,12 +135,7 @@ class Scheduler:
                 break  # the first in line waits for memory; nobody overtakes it
             self.swapped.remove(seq)
             batch.swap_in += self.block_manager.swap_in(seq)
-            self.block_manager.allocate(seq, num_new)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(num_new)
-            batch.admitted.append(seq)
+            self._start_running(seq, num_new, batch)
             budget -= num_new
         return budget
 
@@ -158,13 +153,17 @@ class Scheduler:
                 return  # admission waits for free blocks; nobody overtakes the one the policy ranks first
             self.waiting.remove(seq)
             self.block_manager.share_cached_prefix(seq, cached)
-            self.block_manager.allocate(seq, num_new)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(num_new)
-            batch.admitted.append(seq)
+            self._start_running(seq, num_new, batch)
             budget -= num_new
+
+    def _start_running(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> None:
+        """Admit ``seq`` (from waiting or swapped) into the running batch with ``num_new`` tokens this step."""
+        self.block_manager.allocate(seq, num_new)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(num_new)
+        batch.admitted.append(seq)
 
     def _revived(self, cached: list[int]) -> int:
         """Cached blocks that sit in the free queue: sharing them takes them out of it."""
