@@ -36,3 +36,22 @@ def time_ms(fn: Callable[[], object]) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, return_mode="median"))
+
+
+def compare(kernel: Callable[[], object], torch_side: Callable[[], object], work: float, unit: str) -> dict[str, float]:
+    """Time a kernel and its torch counterpart; ``work`` is what one call moves or computes, per ``unit``.
+
+    ``unit`` is ``"gbps"`` (``work`` in bytes moved: the bound of a memory-bound kernel) or ``"tflops"``
+    (``work`` in floating-point operations). Returns milliseconds and the achieved rate of each side.
+    """
+    scale = {"gbps": 1e6, "tflops": 1e9}[unit]  # work / ms / scale = GB/s or TFLOP/s
+    kernel_ms, torch_ms = time_ms(kernel), time_ms(torch_side)
+    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms,
+            f"kernel_{unit}": work / kernel_ms / scale, f"torch_{unit}": work / torch_ms / scale}  # fmt: skip
+
+
+def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """``[2, context_len, kv_heads, head_dim]``: one sequence's keys and values, read through its block table
+    into a contiguous copy (what the torch references attend over)."""
+    block_size = kv_cache.shape[2]
+    return kv_cache[:, block_table[: -(-context_len // block_size)]].flatten(1, 2)[:, :context_len]

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, time_ms
+from minserve.kernels._common import check_device, compare, gather_context
 
 BLOCK_N = 32  # keys per inner iteration
 NO_WINDOW = 2**30  # "no sliding window": a window longer than any context
@@ -150,10 +150,9 @@ def reference(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Gather each sequence's keys through its block table and run SDPA, one sequence at a time."""
-    block_size = kv_cache.shape[2]
     outs = []
     for i, context_len in enumerate(context_lens.tolist()):
-        blocks = kv_cache[:, block_tables[i, : -(-context_len // block_size)]].flatten(1, 2)[:, :context_len]
+        blocks = gather_context(kv_cache, block_tables[i], context_len)
         keys, values = blocks[0].transpose(0, 1), blocks[1].transpose(0, 1)  # [kv_heads, context, head_dim]
         mask = torch.ones(context_len, dtype=torch.bool, device=query.device)
         if sliding_window:
@@ -190,6 +189,4 @@ def benchmark(
         )
 
     kv_bytes = cache.numel() * cache.element_size()
-    kernel_ms, torch_ms = time_ms(lambda: decode_attention(q, cache, tables, lens, scale)), time_ms(gathered_sdpa)
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_gbps": kv_bytes / kernel_ms / 1e6,
-            "torch_gbps": kv_bytes / torch_ms / 1e6}  # fmt: skip
+    return compare(lambda: decode_attention(q, cache, tables, lens, scale), gathered_sdpa, kv_bytes, "gbps")

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, time_ms
+from minserve.kernels._common import check_device, compare
 
 
 @triton.jit
@@ -64,7 +64,6 @@ def benchmark(
     key, value = (torch.randn(num_tokens, num_kv_heads, head_dim, device="cuda", dtype=dtype) for _ in range(2))
     slots = torch.randperm(num_blocks * block_size, device="cuda")[:num_tokens]
     moved_bytes = 4 * key.numel() * key.element_size()  # read k and v, write them
-    kernel_ms = time_ms(lambda: store_kv(key, value, cache, slots))
-    torch_ms = time_ms(lambda: reference(key, value, cache, slots))
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_gbps": moved_bytes / kernel_ms / 1e6,
-            "torch_gbps": moved_bytes / torch_ms / 1e6}  # fmt: skip
+    return compare(
+        lambda: store_kv(key, value, cache, slots), lambda: reference(key, value, cache, slots), moved_bytes, "gbps"
+    )

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, interpreting, time_ms
+from minserve.kernels._common import check_device, compare, gather_context, interpreting
 
 NO_WINDOW = 2**30  # "no sliding window": a window longer than any context
 
@@ -120,10 +120,9 @@ def reference(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Gather each sequence's keys through its block table and run masked SDPA, one sequence at a time."""
-    block_size = kv_cache.shape[2]
     out = torch.empty_like(query)
     for i, (start, n, context_len) in enumerate(zip(query_starts.tolist(), query_lens.tolist(), context_lens.tolist())):
-        blocks = kv_cache[:, block_tables[i, : -(-context_len // block_size)]].flatten(1, 2)[:, :context_len]
+        blocks = gather_context(kv_cache, block_tables[i], context_len)
         query_pos = torch.arange(context_len - n, context_len, device=query.device)[:, None]
         key_pos = torch.arange(context_len, device=query.device)[None, :]
         mask = key_pos <= query_pos
@@ -163,7 +162,6 @@ def benchmark(
         )
 
     flops = 4 * batch * num_heads * head_dim * prompt * prompt / 2  # QKᵀ and PV, half masked away
-    kernel_ms = time_ms(lambda: prefill_attention(q, cache, tables, starts, lens, lens, prompt, scale))
-    torch_ms = time_ms(sdpa)
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_tflops": flops / kernel_ms / 1e9,
-            "torch_tflops": flops / torch_ms / 1e9}  # fmt: skip
+    return compare(
+        lambda: prefill_attention(q, cache, tables, starts, lens, lens, prompt, scale), sdpa, flops, "tflops"
+    )

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, time_ms
+from minserve.kernels._common import check_device, compare
 
 
 @triton.jit
@@ -76,6 +76,4 @@ def benchmark(num_tokens: int = 4096, hidden: int = 4096, dtype: torch.dtype = t
     x, a = (torch.randn(num_tokens, hidden, device="cuda", dtype=dtype) for _ in range(2))
     w = torch.randn(hidden, device="cuda", dtype=dtype)
     moved_bytes = 4 * x.numel() * x.element_size()  # read x and the addend, write h and norm(h)
-    kernel_ms, torch_ms = time_ms(lambda: rms_norm(x, w, 1e-6, a)), time_ms(lambda: reference(x, w, 1e-6, a))
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_gbps": moved_bytes / kernel_ms / 1e6,
-            "torch_gbps": moved_bytes / torch_ms / 1e6}  # fmt: skip
+    return compare(lambda: rms_norm(x, w, 1e-6, a), lambda: reference(x, w, 1e-6, a), moved_bytes, "gbps")

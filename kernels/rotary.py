@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, time_ms
+from minserve.kernels._common import check_device, compare
 
 
 @triton.jit
@@ -93,7 +93,5 @@ def benchmark(
     positions = torch.arange(num_tokens, device="cuda")
     inv_freq = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim)
     moved_bytes = 2 * (q.numel() + k.numel()) * q.element_size()  # read and write q and k
-    kernel_ms = time_ms(lambda: apply_rotary_(q, k, positions, inv_freq))
-    torch_ms = time_ms(lambda: reference(q, k, positions, inv_freq))
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_gbps": moved_bytes / kernel_ms / 1e6,
-            "torch_gbps": moved_bytes / torch_ms / 1e6}  # fmt: skip
+    kernel, torch_side = lambda: apply_rotary_(q, k, positions, inv_freq), lambda: reference(q, k, positions, inv_freq)
+    return compare(kernel, torch_side, moved_bytes, "gbps")

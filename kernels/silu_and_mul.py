@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, time_ms
+from minserve.kernels._common import check_device, compare
 
 
 @triton.jit
@@ -50,6 +50,4 @@ def benchmark(num_tokens: int = 4096, d: int = 11008, dtype: torch.dtype = torch
     """Kernel against the torch reference on the GPU: milliseconds and achieved GB/s of each."""
     x = torch.randn(num_tokens, 2 * d, device="cuda", dtype=dtype)
     moved_bytes = x.numel() * x.element_size() * 3 / 2  # read 2d, write d per token
-    kernel_ms, torch_ms = time_ms(lambda: silu_and_mul(x)), time_ms(lambda: reference(x))
-    return {"kernel_ms": kernel_ms, "torch_ms": torch_ms, "kernel_gbps": moved_bytes / kernel_ms / 1e6,
-            "torch_gbps": moved_bytes / torch_ms / 1e6}  # fmt: skip
+    return compare(lambda: silu_and_mul(x), lambda: reference(x), moved_bytes, "gbps")

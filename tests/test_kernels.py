@@ -145,3 +145,15 @@ def test_kernels_refuse_cpu_tensors_without_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         silu_and_mul.silu_and_mul(torch.randn(2, 8))
+
+
+def test_benchmark_rows_turn_milliseconds_into_rates(monkeypatch):
+    from minserve.kernels import _common
+
+    timings = iter([2.0, 4.0])  # kernel 2 ms, torch 4 ms
+    monkeypatch.setattr(_common, "time_ms", lambda fn: next(timings))
+    row = _common.compare(lambda: None, lambda: None, 8e9, "gbps")  # 8 GB moved
+    assert row == {"kernel_ms": 2.0, "torch_ms": 4.0, "kernel_gbps": 4000.0, "torch_gbps": 2000.0}
+    timings = iter([1.0, 2.0])
+    row = _common.compare(lambda: None, lambda: None, 3e12, "tflops")  # 3 TFLOP
+    assert row["kernel_tflops"] == 3000.0 and row["torch_tflops"] == 1500.0
