@@ -417,15 +417,7 @@ def test_sim_config_from_an_engine_and_its_json():
 
 # --- calibration on the embedded model -----------------------------------------------------------------------
 
-TINY_WORKLOAD = dict(
-    single_prompts=4,
-    batch_sizes=(1, 8),
-    context_lengths=(32, 128),
-    decode_steps=8,
-    mixed_requests=12,
-    mixed_gaps_steps=(4.0,),
-    max_output_tokens=24,
-)
+TINY_WORKLOAD = calibration.QUICK_WORKLOAD  # the one `minserve plan calibrate --quick` uses
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,17 @@ if TYPE_CHECKING:
     from minserve.engine.engine import LLMEngine
     from minserve.engine.llm import LLM
 
+# A rough fit in a few seconds (``minserve plan calibrate --quick``, and the tests): few prompts, short decodes.
+QUICK_WORKLOAD: dict[str, Any] = dict(
+    single_prompts=4,
+    batch_sizes=(1, 8),
+    context_lengths=(32, 128),
+    decode_steps=8,
+    mixed_requests=12,
+    mixed_gaps_steps=(4.0,),
+    max_output_tokens=32,
+)
+
 
 def measure_steps(
     llm: LLM | LLMEngine,

@@ -110,22 +110,11 @@ def _add_calibrate(kinds: argparse._SubParsersAction) -> None:
     cal.set_defaults(run=_cmd_plan_calibrate)
 
 
-QUICK_WORKLOAD = dict(
-    single_prompts=4,
-    batch_sizes=(1, 8),
-    context_lengths=(32, 128),
-    decode_steps=8,
-    mixed_requests=12,
-    mixed_gaps_steps=(4.0,),
-    max_output_tokens=32,
-)
-
-
 def _cmd_plan_calibrate(args: argparse.Namespace) -> int:
     """Time a short, varied workload on the engine (single prompts, decode batches, a mixed load; about 20 s on
     a 2-core CPU with the embedded model, a few with --quick), fit the step-cost model by least squares, print
     it with its errors, and save it as JSON for `minserve plan simulate --cost`."""
-    from minserve.capacity.calibration import calibrate
+    from minserve.capacity.calibration import QUICK_WORKLOAD, calibrate
     from minserve.engine.llm import LLM
 
     options = _engine_options(args) | {"enable_tracing": False}
