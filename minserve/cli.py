@@ -166,6 +166,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or os.environ.get("MINSERVE_API_KEY"),
         max_waiting_requests=args.max_waiting_requests,
         request_timeout_s=args.request_timeout_s,
+        default_max_tokens=args.default_max_tokens,
         trace_out=None if args.trace_out is None else str(args.trace_out),
     )
     serve(engine_config, server_config, log_level=args.log_level)
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None, help="require this bearer token (or set MINSERVE_API_KEY)")
     serve.add_argument("--max-waiting-requests", type=int, default=256, help="past this queue length: 429")
     serve.add_argument("--request-timeout-s", type=float, default=600.0)
+    serve.add_argument(
+        "--default-max-tokens", type=int, default=512, help="a chat request's max_tokens when it sends none"
+    )
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--block-size", type=int, default=16)
     serve.add_argument("--num-kv-blocks", type=int, default=None)

@@ -56,21 +56,22 @@ class EngineConfig:
     enable_cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
-        _positive("max_model_len", self.max_model_len, minimum=2, optional=True)
-        _positive("block_size", self.block_size)
-        _positive("num_kv_blocks", self.num_kv_blocks, optional=True)
-        _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes, optional=True)
-        _positive("max_num_seqs", self.max_num_seqs)
-        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _positive("num_threads", self.num_threads, optional=True)
-        _positive("swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
+        _positive(self, "max_model_len", self.max_model_len, minimum=2, optional=True)
+        _positive(self, "block_size", self.block_size)
+        _positive(self, "num_kv_blocks", self.num_kv_blocks, optional=True)
+        _positive(self, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, optional=True)
+        _positive(self, "max_num_seqs", self.max_num_seqs)
+        _positive(self, "max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive(self, "num_threads", self.num_threads, optional=True)
+        _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
 
 
-def _positive(name: str, value: object, minimum: int = 1, optional: bool = False) -> None:
+def _positive(config: object, name: str, value: object, minimum: int = 1, optional: bool = False) -> None:
+    """Refuse a field of ``config`` that is not an integer ≥ ``minimum`` (or None, when ``optional``)."""
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"EngineConfig.{name} must be an integer ≥ {minimum}, got {value!r}")
+        raise ValueError(f"{type(config).__name__}.{name} must be an integer ≥ {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,11 @@ class ServerConfig:
     """The HTTP server's limits. Times in seconds, sizes in bytes.
 
     Past ``max_waiting_requests`` queued requests, new ones get 429 with ``Retry-After: retry_after_s``.
-    A request running longer than ``request_timeout_s`` is cancelled. On shutdown, running requests get
-    up to ``shutdown_drain_s`` to finish. ``api_key``, when set, is required on every route but /health.
+    A request running longer than ``request_timeout_s`` is cancelled. A chat request that sends no
+    ``max_tokens`` gets ``default_max_tokens`` (or what is left of the context, if less); a completion
+    request gets 16, as OpenAI's API does. A request body over ``max_body_bytes`` is refused (413) while it
+    is being read, whatever its framing. On shutdown, running requests get up to ``shutdown_drain_s`` to
+    finish. ``api_key``, when set, is required on every route but /health.
     ``trace_out``: a file to write the engine's trace to (Chrome/Perfetto JSON) when the server stops.
     """
 
@@ -88,14 +92,16 @@ class ServerConfig:
     api_key: str | None = None
     max_waiting_requests: int = 256
     request_timeout_s: float = 600.0
+    default_max_tokens: int = 512
     retry_after_s: int = 1
     max_body_bytes: int = 4 * 2**20
     shutdown_drain_s: float = 30.0
     trace_out: str | None = None
 
     def __post_init__(self) -> None:
-        _positive("port", self.port, minimum=0)
-        _positive("max_waiting_requests", self.max_waiting_requests, minimum=0)
-        _positive("max_body_bytes", self.max_body_bytes)
+        _positive(self, "port", self.port, minimum=0)
+        _positive(self, "max_waiting_requests", self.max_waiting_requests, minimum=0)
+        _positive(self, "max_body_bytes", self.max_body_bytes)
+        _positive(self, "default_max_tokens", self.default_max_tokens)
         if not self.request_timeout_s > 0:
             raise ValueError(f"ServerConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}")

@@ -2,8 +2,8 @@
 
 The engine records, per request: ``arrival``, ``tokenized``, ``queued``, ``scheduled`` (first time it runs),
 ``prefill`` spans (one per prompt chunk), ``decode`` spans (one per step that produced a token),
-``first_token``, ``preempted`` (with its mode, recompute or swap) and ``resumed``, and ``finished``,
-``cancelled`` or ``deadline``. Times are seconds from
+``first_token``, ``preempted`` (with its mode, recompute or swap) and ``resumed``, and one end event
+(:data:`END_EVENTS`): ``finished``, ``cancelled``, ``deadline`` or ``failed``. Times are seconds from
 ``time.perf_counter``; spans carry a duration. ``to_chrome_trace`` gives the JSON that ui.perfetto.dev and
 chrome://tracing open (one track per request); ``to_dataframe`` gives a table.
 """
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SPANS = ("prefill", "decode")
+END_EVENTS = ("finished", "cancelled", "deadline", "failed")  # exactly one of these ends every request
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def stage_durations_s(events: list[TraceEvent]) -> dict[str, float]:
     as they must be, the stages add up to the end-to-end latency; the chapter checks that on measured data.
     """
     arrival = next(e.start_s for e in events if e.name == "arrival")
-    end = next(e.start_s for e in events if e.name in ("finished", "cancelled", "deadline"))
+    end = next(e.start_s for e in events if e.name in END_EVENTS)
     steps = sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
     if not steps:
         return {"queue": end - arrival, "prefill": 0.0, "decode": 0.0, "between": 0.0, "finish": 0.0}

@@ -82,3 +82,21 @@ def save_checkpoint(model, directory: Path, max_shard_size: str | None = None) -
         if source.exists():
             shutil.copy(source, directory / name)
     return directory
+
+
+def poisoned_copy(dest: Path, token_id: int, model: str = "minserve-tiny") -> Path:
+    """A copy of an embedded model whose embedding row for ``token_id`` is NaN: any request holding that
+    token gets NaN logits, a real failure inside one request that the engine must contain."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(ASSETS_DIR / model, dest)
+    weights = load_file(dest / "model.safetensors")
+    embedding = weights["model.embed_tokens.weight"]
+    weights["lm_head.weight"] = embedding.clone()  # untied, so the head stays sound for every other request
+    embedding[token_id] = float("nan")
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    return dest

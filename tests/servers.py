@@ -21,8 +21,9 @@ class RunningServer:
     ``engine`` is the server's :class:`AsyncLLMEngine`, so a test can read its blocks and its trace.
     """
 
-    def __init__(self, server_config: ServerConfig | None = None, **engine_options) -> None:
-        self.engine = AsyncLLMEngine(EngineConfig(model=MODEL, **engine_options))
+    def __init__(self, server_config: ServerConfig | None = None, model_path=None, **engine_options) -> None:
+        """``model_path``: a checkpoint to serve under the name ``MODEL`` (default: the embedded model)."""
+        self.engine = AsyncLLMEngine(EngineConfig(model=str(model_path or MODEL), **engine_options))
         app = create_app(self.engine, MODEL, server_config or ServerConfig())
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))

@@ -18,6 +18,10 @@ A consumer that falls behind (a slow client, a busy event loop) does not make ou
 merges a new output into the one still waiting, text deltas concatenated, as vLLM's does. The stream then
 sends several tokens in one chunk instead of one chunk per token, late.
 
+If the core process dies (a crash, the OOM killer, a bug in a step), the reader thread logs why, ends every
+request in flight with ``finish_reason="error"``, and starts a new core: the front end keeps serving. While
+the new core loads, :attr:`AsyncLLMEngine.health` says ``"restarting"`` and new requests are refused.
+
 Times cross processes unchanged: ``time.perf_counter`` reads the system's monotonic clock, the same in both.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import multiprocessing
 import threading
 import time
@@ -43,10 +48,14 @@ from minserve.trace import TraceEvent
 
 STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint from disk can take minutes
 SHUTDOWN_TIMEOUT_S = 10.0
+RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each consecutive restart of a core that keeps dying
+STABLE_UPTIME_S = 60.0  # a core that ran this long before dying starts the backoff afresh
+
+logger = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
-    """The engine core failed or is gone: the requests in flight were failed with this error."""
+    """The engine core is not serving (restarting after a failure, or shut down): the request was refused."""
 
 
 class OutputCollector:
@@ -85,13 +94,17 @@ class _RequestState:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[float] | None = None
+    top_logprobs: list[dict[int, float]] | None = None
     listening: bool = True  # False once the caller left: outputs are still counted, no longer delivered
+    finished: bool = False  # its final output came: it holds nothing in the core, though not yet consumed
 
     def apply(self, delta: OutputDelta) -> RequestOutput:
         self.token_ids += delta.new_token_ids
         self.text += delta.delta_text
         if delta.new_logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.new_logprobs
+        if delta.new_top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + delta.new_top_logprobs
         return RequestOutput(
             request_id=delta.request_id,
             prompt=self.prompt,
@@ -104,42 +117,59 @@ class _RequestState:
             stop_reason=delta.stop_reason,
             delta_text=delta.delta_text,
             logprobs=None if self.logprobs is None else list(self.logprobs),
+            top_logprobs=None if self.top_logprobs is None else list(self.top_logprobs),
+            error=delta.error,
         )
+
+    def failed(self, request_id: str, message: str) -> RequestOutput:
+        """The final output of a request whose engine core died under it."""
+        metrics = RequestMetrics(self.arrival_time_s, finish_time_s=time.perf_counter())
+        delta = OutputDelta(request_id, [], "", "error", None, 0, None, metrics, error=message)
+        return self.apply(delta)
 
 
 class AsyncLLMEngine:
     """The front end of an engine core process, driven from asyncio.
 
     ``on_finished`` is called, in the reader thread, with the final output of *every* request, including
-    those cancelled after their client left: the server counts its metrics there, so nothing goes unseen.
-    Raises ``ValueError`` when the core cannot start (a bad model path, an impossible configuration).
+    those cancelled after their client left and those failed by a dying core: the server counts its
+    metrics there, so nothing goes unseen. Raises ``ValueError`` when the core cannot start (a bad model
+    path, an impossible configuration).
     """
 
     def __init__(self, config: EngineConfig, on_finished: Callable[[RequestOutput], None] | None = None) -> None:
         self.config = config
         self.on_finished = on_finished
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or CUDA state forked
-        self._conn, child_conn = context.Pipe()
-        self._process = context.Process(
-            target=run_engine_core, args=(config, child_conn), name="minserve-engine-core", daemon=True
-        )
-        self._process.start()
-        child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF
-        self.info = self._wait_until_ready()
+        self.num_restarts = 0  # cores started after the first one died
+        self._state = "starting"  # "ok", "restarting", "stopped"
+        self._last_failure: str | None = None
+        self._send_lock = threading.Lock()
+        self._stopping = False
+        self._start_core()
         self.tokenizer = Tokenizer(Path(self.info.model_dir))
         self.inputs = InputProcessor(
             self.tokenizer, self.info.vocab_size, self.info.max_model_len, self.info.kv_capacity_tokens
         )
         self.max_model_len = self.info.max_model_len
-        self._stats = self.info.stats
         self._requests: dict[str, _RequestState] = {}
-        self._send_lock = threading.Lock()
-        self._dead: str | None = None
-        self._stopping = False
         self._trace_reply: list[TraceEvent] | None = None
         self._trace_ready = threading.Event()
-        self._reader = threading.Thread(target=self._read_from_core, name="minserve-engine-reader", daemon=True)
+        self._reader = threading.Thread(target=self._supervise, name="minserve-engine-reader", daemon=True)
         self._reader.start()
+
+    def _start_core(self) -> None:
+        """Spawn a core process and wait until it has loaded the model; ``ValueError`` if it cannot."""
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or CUDA state forked
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=True
+        )
+        self._process.start()
+        child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF
+        self.info = self._wait_until_ready()
+        self._stats = self.info.stats
+        self._started_at_s = time.monotonic()
+        self._state = "ok"
 
     def _wait_until_ready(self) -> EngineInfo:
         if not self._conn.poll(STARTUP_TIMEOUT_S):
@@ -156,7 +186,7 @@ class AsyncLLMEngine:
 
     # --- from the event loop ----------------------------------------------------------------------------
 
-    async def generate(
+    def add_request(
         self,
         prompt: Prompt,
         params: SamplingParams,
@@ -165,13 +195,16 @@ class AsyncLLMEngine:
         arrival_time_s: float | None = None,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
-        """Queue a request and yield its outputs as steps produce them. Leaving early cancels it.
+        """Queue a request now and return the stream of its outputs. Leaving the stream early cancels it.
 
-        A request the engine refuses raises ``ValueError``; a dead engine raises :class:`EngineDeadError`.
-        ``arrival_time_s`` (``time.perf_counter``) defaults to now; a server passes when the request came in.
+        Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`) the
+        moment this returns, so a server that checks its queue limit and then calls this, with no ``await``
+        between, holds the limit under any concurrency. A request the engine refuses raises ``ValueError``;
+        a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
+        (``time.perf_counter``) defaults to now; a server passes when the request came in.
         """
-        if self._dead is not None or self._stopping:
-            raise EngineDeadError(self._dead or "the engine is shut down")
+        if self._state != "ok":
+            raise EngineDeadError(self._why_not_serving())
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         ids = prompt_token_ids if prompt_token_ids is not None else self.inputs.encode(prompt)
         self.inputs.check_fits(ids, params)
@@ -181,7 +214,31 @@ class AsyncLLMEngine:
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
         self._requests[request_id] = state
-        self._send(("add", request_id, prompt, params, ids, arrival_s, priority))
+        try:
+            self._send(("add", request_id, prompt, params, ids, arrival_s, priority))
+        except EngineDeadError:
+            self._requests.pop(request_id, None)
+            raise
+        return self._outputs(request_id, state)
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time_s: float | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its outputs as steps produce them (:meth:`add_request`, iterated)."""
+        outputs = self.add_request(prompt, params, request_id, prompt_token_ids, arrival_time_s, priority)
+        try:
+            async for output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()
+
+    async def _outputs(self, request_id: str, state: _RequestState) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
@@ -209,12 +266,29 @@ class AsyncLLMEngine:
 
     @property
     def num_in_flight(self) -> int:
-        """Requests someone is still waiting on."""
-        return sum(state.listening for state in list(self._requests.values()))
+        """Requests someone is still waiting on, and the core still holds."""
+        return sum(state.listening and not state.finished for state in list(self._requests.values()))
 
     @property
     def is_alive(self) -> bool:
-        return self._dead is None and not self._stopping and self._process.is_alive()
+        """Serving now: the core is up and not shutting down."""
+        return self._state == "ok" and not self._stopping and self._process.is_alive()
+
+    @property
+    def health(self) -> tuple[str, str | None]:
+        """``("ok" | "restarting" | "stopped", why)``: why is the last failure's short description, if any."""
+        state = "restarting" if self._state == "ok" and not self._process.is_alive() else self._state
+        return state, self._last_failure
+
+    @property
+    def core_pid(self) -> int | None:
+        """The engine core's process id (it changes when the core is restarted)."""
+        return self._process.pid
+
+    def _why_not_serving(self) -> str:
+        if self._stopping or self._state == "stopped":
+            return "the engine is shut down"
+        return "the engine core failed and is restarting; retry shortly"
 
     def trace_events(self, timeout_s: float = 30.0) -> list[TraceEvent]:
         """Every trace event the core has recorded (blocking: call it from a thread, not the event loop)."""
@@ -236,17 +310,53 @@ class AsyncLLMEngine:
             self._process.kill()
             self._process.join()
         self._conn.close()
+        self._state = "stopped"
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
             try:
                 self._conn.send(message)
             except (OSError, ValueError) as error:  # the pipe is closed: the core is gone
-                raise EngineDeadError(self._dead or "the engine core is gone") from error
+                raise EngineDeadError(self._why_not_serving()) from error
 
     # --- the reader thread ------------------------------------------------------------------------------
 
-    def _read_from_core(self) -> None:
+    def _supervise(self) -> None:
+        """Read from the core until it ends; if it ended by failing, fail what was in flight and restart it."""
+        failures_in_a_row = 0
+        while True:
+            failure = self._read_from_core()
+            if failure is None or self._stopping:
+                return
+            self._state = "restarting"
+            self._last_failure = failure.splitlines()[0]
+            logger.error("the engine core failed; failing %d requests and restarting it:\n%s",
+                         len(self._requests), failure)  # fmt: skip
+            self._fail_in_flight()
+            lived_s = time.monotonic() - self._started_at_s
+            failures_in_a_row = 1 if lived_s > STABLE_UPTIME_S else failures_in_a_row + 1
+            if not self._restart(RESTART_BACKOFF_S[min(failures_in_a_row, len(RESTART_BACKOFF_S)) - 1]):
+                return
+
+    def _restart(self, backoff_s: float) -> bool:
+        """Start a new core after ``backoff_s``; False if shutting down or it cannot start (then stopped)."""
+        time.sleep(backoff_s)
+        if self._stopping:
+            return False
+        with contextlib.suppress(OSError):
+            self._conn.close()
+        try:
+            self._start_core()
+        except ValueError:
+            logger.exception("the engine core could not be restarted; the server stays unhealthy")
+            self._state = "stopped"
+            return False
+        self.num_restarts += 1
+        logger.warning("engine core restarted (restart %d, pid %d)", self.num_restarts, self._process.pid)
+        return True
+
+    def _read_from_core(self) -> str | None:
+        """Dispatch the core's messages; return why it ended when it failed, None when it was shut down."""
         try:
             while True:
                 kind, *payload = self._conn.recv()
@@ -260,11 +370,13 @@ class AsyncLLMEngine:
                     self._trace_reply = payload[0]
                     self._trace_ready.set()
                 elif kind == "dead":
-                    self._fail_everything(f"the engine failed: {payload[0]}")
-                    return
+                    self._process.join(SHUTDOWN_TIMEOUT_S)
+                    return f"a step raised {payload[0]}"
         except (EOFError, OSError):
-            if not self._stopping:
-                self._fail_everything(f"the engine core exited with code {self._process.exitcode}")
+            if self._stopping:
+                return None
+            self._process.join(SHUTDOWN_TIMEOUT_S)
+            return f"the engine core process exited with code {self._process.exitcode}"
 
     def _take_step(self, deltas: list[OutputDelta], stats: EngineStats) -> None:
         self._stats = stats
@@ -273,19 +385,28 @@ class AsyncLLMEngine:
             state = self._requests.get(delta.request_id)
             if state is None:
                 continue
-            output = state.apply(delta)
-            if output.finished:
-                if self.on_finished is not None:
-                    self.on_finished(output)
-                if not state.listening:
-                    del self._requests[delta.request_id]
-            items.append((delta.request_id, output))
+            items.append((delta.request_id, self._finished_or_not(delta.request_id, state, state.apply(delta))))
         self._deliver(items)
 
-    def _fail_everything(self, message: str) -> None:
-        self._dead = message
-        self._deliver([(request_id, EngineDeadError(message)) for request_id in list(self._requests)])
-        self._requests.clear()
+    def _finished_or_not(self, request_id: str, state: _RequestState, output: RequestOutput) -> RequestOutput:
+        """Count a final output (``on_finished``) and forget a request nobody listens to any more."""
+        if output.finished:
+            state.finished = True
+            if self.on_finished is not None:
+                self.on_finished(output)
+            if not state.listening:
+                del self._requests[request_id]
+        return output
+
+    def _fail_in_flight(self) -> None:
+        """End every request in flight with ``finish_reason="error"``: the core that held them is gone."""
+        message = "the engine core failed while serving this request; it is restarting, retry shortly"
+        items = [
+            (request_id, self._finished_or_not(request_id, state, state.failed(request_id, message)))
+            for request_id, state in list(self._requests.items())
+        ]
+        self._deliver(items)
+        self._stats = replace(self._stats, num_running=0, num_waiting=0, kv_blocks_used=0)
 
     def _deliver(self, items: list[tuple[str, RequestOutput | BaseException]]) -> None:
         """Hand a step's items to their collectors: one wake-up per event loop, not one per request."""

@@ -18,7 +18,8 @@ From the core:
 * ``("step", [OutputDelta, ...], EngineStats)`` after every step that produced something;
 * ``("rejected", request_id, message)`` when ``add_request`` refused a request;
 * ``("trace", [TraceEvent, ...])``;
-* ``("dead", message)`` when a step raised: the core cannot vouch for its state any more and ends.
+* ``("dead", message)`` when a step raised: the core cannot vouch for its state any more and ends (the
+  front end logs the message, a traceback, and starts a new core).
 
 Only what changed crosses the pipe (new token ids, new text), so a step's message stays small however long
 the requests grow; the front end keeps the running totals.
@@ -58,6 +59,8 @@ class OutputDelta:
     num_cached_tokens: int
     new_logprobs: list[float] | None
     metrics: RequestMetrics | None
+    new_top_logprobs: list[dict[int, float]] | None = None
+    error: str | None = None  # with finish_reason "error"
 
 
 def run_engine_core(config: EngineConfig, conn: Connection) -> None:
@@ -89,7 +92,7 @@ def _serve(engine: LLMEngine, conn: Connection) -> None:
         try:
             outputs = engine.step()
         except Exception as error:
-            conn.send(("dead", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}"))
+            conn.send(("dead", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
             return
         if outputs:
             conn.send(("step", [_delta(output, sent_tokens) for output in outputs], engine.stats()))
@@ -120,6 +123,7 @@ def _delta(output: RequestOutput, sent_tokens: dict[str, int]) -> OutputDelta:
     if not output.finished:
         sent_tokens[output.request_id] = len(output.token_ids)
     logprobs = None if output.logprobs is None else output.logprobs[already:]
+    top_logprobs = None if output.top_logprobs is None else output.top_logprobs[already:]
     return OutputDelta(
         request_id=output.request_id,
         new_token_ids=output.token_ids[already:],
@@ -129,4 +133,6 @@ def _delta(output: RequestOutput, sent_tokens: dict[str, int]) -> OutputDelta:
         num_cached_tokens=output.num_cached_tokens,
         new_logprobs=logprobs,
         metrics=output.metrics if output.finished else None,
+        new_top_logprobs=top_logprobs,
+        error=output.error,
     )

@@ -8,6 +8,7 @@ both drive this same loop, so every chapter measures the code that serves.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.model_runner import ModelRunner
 from minserve.engine.outputs import RequestMetrics, RequestOutput
-from minserve.engine.sampler import make_generator
+from minserve.engine.sampler import Sample, SamplingError, make_generator
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
 from minserve.engine.sequence import Sequence, SequenceStatus
@@ -32,6 +33,8 @@ from minserve.trace import Tracer
 Prompt = str | list[int]
 CPU_KV_CACHE_BYTES = 256 * 2**20  # default KV budget on the CPU
 GPU_MEMORY_UTILIZATION = 0.9  # default share of free GPU memory given to the KV cache
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -153,7 +156,13 @@ class LLMEngine:
     # --- the loop ---------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return an output for every request that produced a token or ended."""
+        """Run one iteration; return an output for every request that produced a token or ended.
+
+        A failure is contained where it happened. A row that cannot be sampled, or a token that cannot be
+        detokenized, ends that request with ``finish_reason="error"``. A forward pass that raises ends the
+        requests of that batch the same way (their KV was never named for the prefix cache, so no later
+        request reads it); the engine, its blocks and every other request go on.
+        """
         outputs = self.process_aborts() + self._expire_deadlines(time.perf_counter())
         batch = self.scheduler.schedule()
         # Swap copies first, even in a step that runs nothing: the blocks a swap gave up may be reused next.
@@ -169,14 +178,34 @@ class LLMEngine:
                 self.tracer.instant(seq.request_id, "resumed", start_s)
         if not batch:
             return outputs
-        tokens = self.runner.run(batch)
+        try:
+            samples = self.runner.run(batch)
+        except Exception as error:
+            logger.exception("the forward pass failed; failing the %d requests of its batch", len(batch.seqs))
+            now_s = time.perf_counter()
+            return outputs + [self._fail(seq, error, now_s) for seq in batch.seqs]
         end_s = time.perf_counter()
-        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, tokens):
+        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, samples):
             self._trace_step(seq, num_new, batch.num_tokens, start_s, end_s)
             self.scheduler.complete(seq, num_new)
-            if token is not None:
-                outputs.append(self._append_token(seq, *token, end_s))
+            if result is not None:
+                outputs.append(self._take_sample(seq, result, end_s))
         return outputs
+
+    def _take_sample(self, seq: Sequence, result: Sample | SamplingError, now_s: float) -> RequestOutput:
+        """Append a sampled token to ``seq`` (detokenize, check stops), or fail ``seq`` alone if that fails."""
+        if isinstance(result, SamplingError):
+            return self._fail(seq, result, now_s)
+        try:
+            return self._append_token(seq, result, now_s)
+        except Exception as error:  # a detokenizer or stop check that breaks must not take the step down
+            logger.exception("request %s failed after sampling", seq.request_id)
+            return self._fail(seq, error, now_s)
+
+    def _fail(self, seq: Sequence, error: BaseException, now_s: float) -> RequestOutput:
+        """End ``seq`` with ``finish_reason="error"``, its blocks freed; the message names the error's kind."""
+        seq.error = f"{type(error).__name__}: {error}" if isinstance(error, SamplingError) else type(error).__name__
+        return self._finish(seq, "error", None, now_s)
 
     def process_aborts(self) -> list[RequestOutput]:
         """Finish every request cancelled since the last step, freeing its blocks now."""
@@ -195,10 +224,13 @@ class LLMEngine:
         late = [seq for seq in self.requests.values() if seq.deadline_s is not None and now_s > seq.deadline_s]
         return [self._finish(seq, "deadline", None, now_s) for seq in late]
 
-    def _append_token(self, seq: Sequence, token: int, logprob: float | None, now_s: float) -> RequestOutput:
+    def _append_token(self, seq: Sequence, sample: Sample, now_s: float) -> RequestOutput:
+        token = sample.token
         seq.output_token_ids.append(token)
-        if logprob is not None:
-            seq.output_logprobs.append(logprob)
+        if sample.logprob is not None:
+            seq.output_logprobs.append(sample.logprob)
+        if sample.top_logprobs is not None:
+            seq.output_top_logprobs.append(sample.top_logprobs)
         seq.metrics.token_times_s.append(now_s)
         if len(seq.output_token_ids) == 1:
             self.tracer.instant(seq.request_id, "first_token", now_s)
@@ -230,7 +262,7 @@ class LLMEngine:
         seq.metrics.finish_time_s = now_s
         seq.detokenizer.flush()
         self.scheduler.finish(seq)
-        event = {"cancelled": "cancelled", "deadline": "deadline"}.get(reason, "finished")
+        event = {"cancelled": "cancelled", "deadline": "deadline", "error": "failed"}.get(reason, "finished")
         self.tracer.instant(seq.request_id, event, now_s, reason=reason)
         output = self._output(seq)
         del self.requests[seq.request_id]
@@ -258,6 +290,8 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             stop_reason=seq.stop_reason,
             logprobs=list(seq.output_logprobs) if seq.params.logprobs else None,
+            top_logprobs=list(seq.output_top_logprobs) if seq.params.top_logprobs else None,
+            error=seq.error,
             delta_text=delta,
         )
 

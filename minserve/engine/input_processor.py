@@ -3,6 +3,12 @@
 The offline engine and the server's front end both use this, so a request is judged the same way wherever it
 enters. It needs only the tokenizer and three numbers, never the model, so a process that does not hold the
 model (the HTTP server, when the engine core runs in a process of its own) can check requests itself.
+
+Tokenizing is the one check that costs: a 4 MB prompt takes seconds. A prompt so long that it cannot fit
+the context whatever its tokens are is refused before it is tokenized. No token of this vocabulary covers
+more characters than its longest entry spells (a byte-level token of n bytes covers at most n characters),
+so a text of more than ``max_model_len × longest × SLACK`` characters surely has more tokens than the
+context holds; ``SLACK`` leaves room for normalizers that shorten text before it is split.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.model.tokenizer import Tokenizer
 
 Prompt = str | list[int]
+SLACK = 4  # how much shorter a normalizer could make a text before it is split into tokens, at most
+MIN_CHARS_PER_TOKEN = 16  # a floor on a token's reach, whatever the vocabulary's longest entry
 
 
 class InputProcessor:
@@ -21,11 +29,21 @@ class InputProcessor:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
+        longest = max((len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size)), default=0)
+        self.max_prompt_chars = max_model_len * max(longest, MIN_CHARS_PER_TOKEN) * SLACK
 
     def encode(self, prompt: Prompt, index: int | None = None) -> list[int]:
         """Token ids of a prompt, checked. ``index`` only makes the error message point at the prompt."""
         where = "prompt" if index is None else f"prompt {index}"
         if isinstance(prompt, str):
+            problem = unicode_problem(prompt)
+            if problem:
+                raise ValueError(f"{where}: {problem}; send valid Unicode text")
+            if len(prompt) > self.max_prompt_chars:
+                raise ValueError(
+                    f"{where}: {len(prompt)} characters cannot fit the context of {self.max_model_len} tokens "
+                    f"(refused without tokenizing); shorten the prompt"
+                )
             ids = self.tokenizer.encode(prompt)
         else:
             ids = list(prompt)
@@ -34,6 +52,19 @@ class InputProcessor:
         if not ids:
             raise ValueError(f"{where}: the prompt is empty")
         return ids
+
+    def check_context(self, prompt_token_ids: list[int], max_tokens: int) -> None:
+        """Refuse a request whose prompt plus ``max_tokens`` exceeds the context, as vLLM's server does.
+
+        Offline, the engine instead stops such a request at the end of the context (``"length"``); a server
+        says so up front, so a client is never surprised by a shorter answer than it asked for.
+        """
+        n = len(prompt_token_ids)
+        if n + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens: the context holds {self.max_model_len} tokens and the prompt takes {n}, so "
+                f"max_tokens can be at most {max(self.max_model_len - n, 0)}; you asked for {max_tokens}"
+            )
 
     def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Refuse a request that could never run: too long for the context, or for the whole KV cache."""
@@ -50,3 +81,13 @@ class InputProcessor:
                 f"whole KV cache holds ({self.kv_capacity_tokens} tokens); lower max_tokens or give the cache more "
                 "memory"
             )
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` is no text the tokenizer can take, or None: it must encode as UTF-8, and a lone
+    surrogate (``"\\ud800"`` in JSON, which Python's JSON parser lets through) does not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"holds a lone surrogate (U+{ord(text[error.start]):04X} at character {error.start}), not text"
+    return None

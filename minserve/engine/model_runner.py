@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from minserve.engine.cuda_graphs import DecodeGraphs
-from minserve.engine.sampler import sample_batch
+from minserve.engine.sampler import Sample, SamplingError, sample_batch
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.model.attention import AttentionMetadata, allocate_kv_cache
 from minserve.model.llama import LlamaForCausalLM
@@ -40,8 +40,9 @@ class ModelRunner:
         return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[tuple[int, float | None] | None]:
-        """One forward over the batch: (token, logprob) per sequence, or None where a prompt is unfinished."""
+    def run(self, batch: ScheduledBatch) -> list[Sample | SamplingError | None]:
+        """One forward over the batch: a sample per sequence, None where a prompt is unfinished, or the
+        :class:`SamplingError` of a row that could not be sampled (that request fails; the others go on)."""
         input_ids, positions, meta = self.prepare(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)

@@ -65,9 +65,11 @@ class RequestMetrics:
 class RequestOutput:
     """One request's output so far, or final once ``finish_reason`` is set.
 
-    ``finish_reason`` is ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens or the context) or
-    ``"cancelled"``. ``text`` and ``token_ids`` are cumulative; ``delta_text`` is what became visible since
-    the previous output of the same request (what a stream sends).
+    ``finish_reason`` is ``"stop"`` (EOS or a stop string), ``"length"`` (max_tokens or the context),
+    ``"cancelled"``, ``"deadline"``, or ``"error"`` when something failed inside this request alone (then
+    ``error`` says what, and the engine and the other requests go on). ``text`` and ``token_ids`` are
+    cumulative; ``delta_text`` is what became visible since the previous output of the same request (what a
+    stream sends).
     """
 
     request_id: str
@@ -81,6 +83,8 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token id that ended it, if any
     delta_text: str = ""
     logprobs: list[float] | None = None  # of each chosen token, when SamplingParams.logprobs is set
+    top_logprobs: list[dict[int, float]] | None = None  # per token, when SamplingParams.top_logprobs > 0
+    error: str | None = None  # with finish_reason "error": a short description, for the caller
 
     @property
     def finished(self) -> bool:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# torch.Generator.manual_seed takes any integer in this range (a signed or an unsigned 64-bit value).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API: more alternatives than this are refused
 
 
 @dataclass
@@ -12,7 +17,9 @@ class SamplingParams:
     ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) and ``top_p`` 1 switch those filters off. A ``seed``
     makes a sampled request reproducible on its own, whatever else is in the batch. ``stop`` strings end the
     output (the matched string is not included); so does an end-of-sequence token unless ``ignore_eos``.
-    ``logprobs`` asks for the log-probability of each chosen token (under the unscaled distribution).
+    ``logprobs`` asks for the log-probability of each chosen token (under the unscaled distribution), and
+    ``top_logprobs`` (with it, 0–20) for that many of the most likely tokens at each step as well.
+    Numbers must be finite: ``inf`` and ``nan`` are refused, like every other value out of range.
     """
 
     max_tokens: int = 16
@@ -23,21 +30,32 @@ class SamplingParams:
     stop: list[str] | str | None = field(default_factory=list)  # normalised to a list
     ignore_eos: bool = False
     logprobs: bool = False  # report the log-probability of each chosen token
+    top_logprobs: int = 0  # and of this many most likely alternatives (needs logprobs)
 
     def __post_init__(self) -> None:
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
-        _check(
-            isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "an integer ≥ 1", self.max_tokens
-        )
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer ≥ 1", self.max_tokens)
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a number ≥ 0", self.temperature)
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "an integer ≥ 1, or 0/-1 for off", self.top_k)
+        _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "an integer ≥ 1, or 0/-1 for off", self.top_k)
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "an integer or None", self.seed)
+        _check(
+            self.seed is None or (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX),
+            "seed",
+            f"None or an integer in [{SEED_MIN}, {SEED_MAX}]",
+            self.seed,
+        )
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings", self.stop)
         _check(isinstance(self.logprobs, bool), "logprobs", "True or False", self.logprobs)
+        _check(
+            _is_int(self.top_logprobs) and 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS,
+            "top_logprobs",
+            f"an integer in [0, {MAX_TOP_LOGPROBS}]",
+            self.top_logprobs,
+        )
+        _check(self.logprobs or not self.top_logprobs, "top_logprobs", "0 unless logprobs is set", self.top_logprobs)
 
     @property
     def greedy(self) -> bool:
@@ -45,7 +63,12 @@ class SamplingParams:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (bools are ints to Python, not numbers to a caller)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, name: str, expected: str, value: object) -> None:

@@ -37,6 +37,7 @@ class Sequence:
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)  # only when params.logprobs
+    output_top_logprobs: list[dict[int, float]] = field(default_factory=list)  # only when params.top_logprobs
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     cpu_block_table: list[int] = field(default_factory=list)  # host blocks, while swapped out
@@ -51,6 +52,7 @@ class Sequence:
     waiting_since_s: float = 0.0  # when it last started waiting (arrival, or its latest preemption)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # what failed, when finish_reason is "error"
     visible_chars: int = 0  # characters of the detokenized text already reported to the caller
     stop_at_char: int | None = None  # where a matched stop string starts: the text ends there
 

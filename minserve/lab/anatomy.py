@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from minserve.engine.detokenizer import REPLACEMENT_CHARACTER, Decoder, IncrementalDetokenizer
 from minserve.lab.theme import register_course_theme
-from minserve.trace import SPANS, TraceEvent, stage_durations_s
+from minserve.trace import END_EVENTS, SPANS, TraceEvent, stage_durations_s
 
 STAGES = ("queue", "prefill", "decode", "between", "finish")
 STAGE_COLORS = {
@@ -27,7 +27,6 @@ STAGE_COLORS = {
     "between": "#56B4E9",
     "finish": "#000000",
 }
-END_EVENTS = ("finished", "cancelled")
 
 
 # --- the trace, per request ---------------------------------------------------------------------------------
@@ -36,7 +35,7 @@ END_EVENTS = ("finished", "cancelled")
 def events_by_request(events: Iterable[TraceEvent]) -> dict[str, list[TraceEvent]]:
     """Events grouped by request, requests in order of arrival, each request's events in time order.
 
-    Only requests that both arrived and ended (finished or cancelled) are kept: a request still in flight
+    Only requests that both arrived and ended (any of the trace's end events) are kept: a request still in flight
     has no end-to-end latency yet.
     """
     groups: dict[str, list[TraceEvent]] = {}

@@ -44,8 +44,12 @@ class Tokenizer:
         return self._tokenizer.token_to_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; the tokenizer's own post-processor adds BOS where the model expects it."""
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of ``text``; the tokenizer's own post-processor adds BOS where the model expects it.
+
+        Through ``encode_batch``, which releases Python's GIL while the Rust code runs (``encode`` holds it),
+        so a server tokenizing in a worker thread keeps its event loop answering meanwhile.
+        """
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

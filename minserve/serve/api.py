@@ -3,49 +3,64 @@
     minserve serve --model minserve-tiny --port 8000
     curl localhost:8000/v1/completions -d '{"model": "minserve-tiny", "prompt": "def fib(n):", "max_tokens": 32}'
 
-Every request is checked before it reaches the engine and refused with an OpenAI-style 4xx body naming the
-field. Admission is bounded: past ``max_waiting_requests`` queued requests the answer is 429 with
-Retry-After, at once. A client that disconnects mid-stream cancels its request, freeing its KV blocks; a
-request past ``request_timeout_s`` is cancelled too. On shutdown, running requests are drained first.
+No request can stop the server. Every request is checked before it reaches the engine and refused with an
+OpenAI-style 4xx body naming the field (:mod:`~minserve.serve.protocol`); the key and the body's size are
+checked before it is even parsed (:mod:`~minserve.serve.guard`). Tokenizing runs in a worker thread, so a
+long prompt never holds the event loop. Admission is bounded: past ``max_waiting_requests`` queued requests
+the answer is 429 with Retry-After, at once, and the count is exact under any concurrency because checking
+the queue and joining it happen with no ``await`` between. A failure inside one request ends that request
+alone (a 500, or an error event in a stream); a core that dies is restarted by the engine's front end. A
+client that disconnects mid-stream cancels its request, freeing its KV blocks; a request past
+``request_timeout_s`` is cancelled too. Clients never see a traceback: those go to the server's log.
+On shutdown, running requests are drained first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import secrets
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minserve.config import ServerConfig
 from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
+from minserve.serve.guard import RequestGuard
 from minserve.serve.metrics import ServerMetrics
-from minserve.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields, error_body, finish_reason
+from minserve.serve.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    SamplingFields,
+    error_body,
+)
+from minserve.serve.responses import CHAT, COMPLETION, Reply, sse_event
 
+logger = logging.getLogger(__name__)
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the completions API
 
-@dataclass
-class _Prepared:
-    """A checked request, ready for the engine."""
-
-    request_id: str
-    prompt: str | list[int]
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    include_usage: bool
-    model: str
-    arrival_time_s: float  # time.perf_counter() when the server began handling it
-    priority: int = 0
+_ERRORS = {
+    400: "invalid request: the message names the field",
+    401: "missing or invalid API key",
+    404: "the model is not served here",
+    413: "request body too large",
+    429: "the waiting queue is full: retry after Retry-After seconds",
+    500: "the request failed inside the engine",
+    503: "the engine is restarting or the server is shutting down",
+    504: "the request ran past the server's timeout",
+}
+_GENERATION_RESPONSES = {status: {"model": ErrorResponse, "description": text} for status, text in _ERRORS.items()}
 
 
 class ApiError(Exception):
@@ -58,39 +73,10 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.admitted = status, message, param, code, admitted
 
 
-class RequestGuard:
-    """API key and body size, checked before anything is parsed.
-
-    A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
-    would pass every chunk of every stream through an extra queue and task switch.
-    """
-
-    def __init__(self, app: ASGIApp, config: ServerConfig, refuse: Callable[..., JSONResponse]) -> None:
-        self.app, self.config, self.refuse = app, config, refuse
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            problem = self._problem(scope["path"], dict(scope["headers"]))
-            if problem is not None:
-                await self.refuse(*problem)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _problem(self, path: str, headers: dict[bytes, bytes]) -> tuple[int, str, None, str] | None:
-        if self.config.api_key and path != "/health":
-            supplied = headers.get(b"authorization", b"").decode(errors="replace").removeprefix("Bearer ").strip()
-            if not secrets.compare_digest(supplied, self.config.api_key):
-                return 401, "invalid or missing API key (Authorization: Bearer …)", None, "invalid_api_key"
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.config.max_body_bytes:
-            return 413, f"request body over {self.config.max_body_bytes} bytes", None, "body_too_large"
-        return None
-
-
 def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig()
     metrics = ServerMetrics()
-    engine.on_finished = metrics.observe_finished  # every finished request, cancelled ones included
+    engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
     state = {"draining": False}
 
     @asynccontextmanager
@@ -105,129 +91,170 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     app = FastAPI(title="minserve", lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
 
-    def refuse(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    def refuse(
+        status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+    ) -> JSONResponse:
         """An error answer for a request that never reached the engine, counted by reason."""
         metrics.requests_rejected.labels(reason=code or "invalid").inc()
-        headers = {"Retry-After": str(config.retry_after_s)} if status in (429, 503) else None
+        if status in (429, 503):
+            headers = {**(headers or {}), "Retry-After": str(config.retry_after_s)}
         return _error(status, message, param, code, headers)
 
     app.add_middleware(RequestGuard, config=config, refuse=refuse)
+    _install_error_handlers(app, refuse)
+    app.openapi = lambda: _openapi(app)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, error: RequestValidationError):
-        first = error.errors()[0]
-        location = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = ".".join(location) or None
-        message = first.get("msg", "invalid request")
-        if first.get("type") == "json_invalid":
-            message, param = "the request body is not valid JSON", None
-        return refuse(400, f"{param + ': ' if param else ''}{message}", param=param)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError):
-        if error.admitted:  # it ran, and ended badly: the engine's own counters have it
-            return _error(error.status, error.message, error.param, error.code)
-        return refuse(error.status, error.message, error.param, error.code)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException):
-        return refuse(error.status_code, str(error.detail), code=f"http_{error.status_code}")
-
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "the engine is not serving", "model": dict}})
     async def health():
-        if not engine.is_alive and not state["draining"]:
-            return JSONResponse({"status": "engine_dead"}, status_code=503)
-        return {"status": "draining" if state["draining"] else "ok"}
+        status, reason = engine.health
+        if state["draining"]:
+            return {"status": "draining"}
+        if status != "ok":  # a load balancer takes the replica out until the core is back
+            return JSONResponse({"status": f"engine_{status}", "reason": reason}, status_code=503)
+        return {"status": "ok", "engine_restarts": engine.num_restarts}
 
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "minserve"}]}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
-        return Response(metrics.render(engine.stats()), media_type="text/plain; version=0.0.4")
+        text = metrics.render(engine.stats(), engine.num_restarts)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=None, responses=_documented(CompletionResponse))
     async def completions(body: CompletionRequest):
-        prepared = _prepare(body, body.prompt, body.max_tokens)
-        return await _respond(prepared, body.stream, "text_completion")
+        reply = Reply("", COMPLETION, model_name, engine.tokenizer, logprobs=body.logprobs is not None)
+        params = _params(body, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, body.logprobs)
+        return await _run(body, reply, params, lambda: body.prompt)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=None, responses=_documented(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest):
+        if body.top_logprobs and not body.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        reply = Reply("", CHAT, model_name, engine.tokenizer, logprobs=body.logprobs)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        params = _params(body, max_tokens or config.default_max_tokens, top)
+        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        fills_context = max_tokens is None  # the default shrinks to what the context leaves; a request's own does not
+        return await _run(body, reply, params, lambda: _chat_prompt(messages), fills_context)
+
+    def _chat_prompt(messages: list[dict]) -> str:
         try:
-            prompt = engine.tokenizer.apply_chat_template([m.model_dump() for m in body.messages])
+            return engine.tokenizer.apply_chat_template(messages)
         except ValueError as error:
             raise ApiError(400, str(error), param="messages") from error
-        prepared = _prepare(body, prompt, body.max_completion_tokens or body.max_tokens)
-        return await _respond(prepared, body.stream, "chat.completion")
 
-    def _prepare(body: SamplingFields, prompt: str | list[int], max_tokens: int | None) -> _Prepared:
+    async def _run(
+        body: SamplingFields,
+        reply: Reply,
+        params: SamplingParams,
+        render: Callable[[], str | list[int]],
+        fills_context: bool = False,
+    ):
+        """Admit the request (or refuse it), then answer: one body, or a stream of events."""
         arrival_s = time.perf_counter()
         if state["draining"]:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
         if body.model != model_name:
             raise ApiError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")  # fmt: skip
-        try:
-            ids = engine.inputs.encode(prompt)
-            params = SamplingParams(
-                max_tokens=max_tokens or max(1, engine.max_model_len - len(ids)),
-                temperature=body.temperature,
-                top_k=body.top_k,
-                top_p=body.top_p,
-                seed=body.seed,
-                stop=body.stop,
-                ignore_eos=body.ignore_eos,
-            )
-            engine.inputs.check_fits(ids, params)
-        except ValueError as error:
-            message = str(error)
-            param = message.split(":")[0].removeprefix("SamplingParams.").split()[0]
-            raise ApiError(400, message, param=param) from error
+        prompt, ids = await _off_the_loop(lambda: _tokenized(render()))
+        if fills_context:
+            params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
+        _refuse_invalid(lambda: _check_fits_and_context(ids, params))
+        # From the queue check to joining the queue: no await, so concurrent requests cannot all slip past it.
         if engine.stats().num_waiting >= config.max_waiting_requests:
             raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
-        return _Prepared(request_id, prompt, ids, params, include_usage, model_name, arrival_s, body.priority)
-
-    async def _respond(prepared: _Prepared, stream: bool, kind: str):
-        outputs = engine.generate(
-            prepared.prompt, prepared.params, prepared.request_id, prepared.prompt_token_ids, prepared.arrival_time_s,
-            prepared.priority,
-        )  # fmt: skip
-        if stream:
-            return StreamingResponse(_sse(prepared, outputs, kind), media_type="text/event-stream")
+        reply.request_id = f"cmpl-{uuid.uuid4().hex}"
+        reply.include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        try:
+            outputs = engine.add_request(prompt, params, reply.request_id, ids, arrival_s, body.priority)
+        except EngineDeadError as error:
+            raise ApiError(503, str(error), code="engine_unavailable") from error
+        except ValueError as error:
+            raise ApiError(400, str(error), param=_param_of(error)) from error
+        if body.stream:
+            return StreamingResponse(_sse(reply, outputs), media_type="text/event-stream")
         try:
             final = await asyncio.wait_for(_last(outputs), timeout=config.request_timeout_s)
         except asyncio.TimeoutError as error:  # not the builtin TimeoutError before Python 3.11
             message = f"the request took longer than {config.request_timeout_s} s"
             raise ApiError(504, message, code="timeout", admitted=True) from error
-        except EngineDeadError as error:
-            raise ApiError(503, str(error), code="engine_error", admitted=True) from error
-        return _body(prepared, final, kind, final.text)
+        if final.finish_reason == "error":
+            raise ApiError(500, final.error or "the request failed in the engine", code="engine_error", admitted=True)
+        return reply.body(final)
 
-    async def _sse(prepared: _Prepared, outputs: AsyncIterator[RequestOutput], kind: str) -> AsyncIterator[str]:
+    def _check_fits_and_context(ids: list[int], params: SamplingParams) -> None:
+        engine.inputs.check_fits(ids, params)  # first: a prompt too long for the context is the prompt's fault
+        engine.inputs.check_context(ids, params.max_tokens)
+
+    def _tokenized(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
+        return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt))
+
+    async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
         deadline = time.monotonic() + config.request_timeout_s
         first = True
         try:
             async for output in outputs:
+                if output.finish_reason == "error":
+                    message = output.error or "the request failed in the engine"
+                    yield sse_event(error_body(message, code="engine_error", kind="server_error"))
+                    break
                 if output.delta_text or output.finished:
-                    yield _event(_chunk(prepared, output, kind, first))
+                    yield sse_event(reply.chunk(output, first))
                     first = False
                 if output.finished:
-                    if prepared.include_usage:
-                        yield _event({**_envelope(prepared, kind, chunk=True), "choices": [], "usage": _usage(output)})
+                    if reply.include_usage:
+                        yield sse_event(reply.usage_chunk(output))
                     yield "data: [DONE]\n\n"
                 elif time.monotonic() > deadline:  # leaving the loop cancels the request in the engine
                     message = f"the request took longer than {config.request_timeout_s} s"
-                    yield _event(error_body(message, code="timeout", kind="timeout"))
+                    yield sse_event(error_body(message, code="timeout", kind="timeout"))
                     break
-        except EngineDeadError as error:
-            yield _event(error_body(str(error), code="engine_error", kind="server_error"))
+        except Exception:  # the status line is sent: the stream ends with an error event, never silently
+            logger.exception("stream %s failed", reply.request_id)
+            yield sse_event(error_body("the stream failed on the server", code="internal_error", kind="server_error"))
         finally:
             await outputs.aclose()  # a disconnect lands here: aclose cancels the request in the engine
 
     return app
+
+
+def _params(body: SamplingFields, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+    """The engine's settings for a request; a value the engine refuses is a 400 naming its field."""
+    return _refuse_invalid(
+        lambda: SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_k=body.top_k,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_strings,
+            ignore_eos=body.ignore_eos,
+            logprobs=top_logprobs is not None,
+            top_logprobs=top_logprobs or 0,
+        )
+    )
+
+
+def _refuse_invalid(check: Callable):
+    """Run ``check``; a ``ValueError`` (the engine's own messages start with the field) becomes a 400."""
+    try:
+        return check()
+    except ValueError as error:
+        raise ApiError(400, str(error), param=_param_of(error)) from error
+
+
+def _param_of(error: ValueError) -> str:
+    """The field an engine error message names: ``"SamplingParams.top_p must …"`` → ``top_p``."""
+    return str(error).split(":")[0].removeprefix("SamplingParams.").split()[0]
+
+
+async def _off_the_loop(work: Callable[[], object]) -> object:
+    """Run CPU work (a chat template, the tokenizer) in a worker thread: the event loop stays free to serve."""
+    return await asyncio.to_thread(work)
 
 
 async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -240,41 +267,77 @@ async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     return final
 
 
-def _envelope(prepared: _Prepared, kind: str, chunk: bool) -> dict:
-    obj = f"{kind}.chunk" if chunk and kind == "chat.completion" else kind
-    return {"id": prepared.request_id, "object": obj, "created": int(time.time()), "model": prepared.model}
+def _install_error_handlers(app: FastAPI, refuse: Callable[..., JSONResponse]) -> None:
+    """Every error the server sends is OpenAI's shape; none carries a traceback."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError):
+        return refuse(400, *_validation_message(error.errors()[0]))
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        if error.admitted:  # it ran, and ended badly: the engine's own counters have it
+            return _error(error.status, error.message, error.param, error.code)
+        return refuse(error.status, error.message, error.param, error.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):  # 404 and 405 (with its Allow)
+        return refuse(error.status_code, str(error.detail), None, f"http_{error.status_code}", error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception):
+        logger.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, "the server failed on this request; its log has the details", code="internal_error")
 
 
-def _chunk(prepared: _Prepared, output: RequestOutput, kind: str, first: bool) -> dict:
-    if kind == "chat.completion":  # as OpenAI does, only the first delta names the role
-        delta = {"role": "assistant", "content": output.delta_text} if first else {"content": output.delta_text}
-        choice = {"index": 0, "delta": delta}
-    else:
-        choice = {"index": 0, "text": output.delta_text, "logprobs": None}
-    choice["finish_reason"] = finish_reason(output)
-    return {**_envelope(prepared, kind, chunk=True), "choices": [choice]}
+def _validation_message(first: dict) -> tuple[str, str | None]:
+    """A readable message and the field it is about, from pydantic's first complaint."""
+    location = [part for part in first.get("loc", ()) if part != "body"]
+    # Union members add their type to the path ("prompt", "str"): keep field names and list indices only.
+    path = [str(p) for p in location if isinstance(p, int) or (p.isidentifier() and p not in _TYPE_TAGS)]
+    param = ".".join(path) or None
+    kind = first.get("type")
+    if kind == "json_invalid":
+        detail = first.get("ctx", {}).get("error", "")
+        return f"the request body is not valid JSON{f' ({detail})' if detail else ''}", None
+    if kind == "missing" and param is None:
+        return "the request body is empty: send a JSON object", None
+    if kind == "model_attributes_type" and param is None:
+        return "the request body must be a JSON object", None
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")  # pydantic's prefix for ours
+    return f"{param + ': ' if param else ''}{message}", param
 
 
-def _body(prepared: _Prepared, output: RequestOutput, kind: str, text: str) -> dict:
-    if kind == "chat.completion":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None}
-    choice["finish_reason"] = finish_reason(output)
-    return {**_envelope(prepared, kind, chunk=False), "choices": [choice], "usage": _usage(output)}
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "constrained-str", "function-after"}
 
 
-def _usage(output: RequestOutput) -> dict:
-    prompt, completion = len(output.prompt_token_ids), len(output.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _documented(model: type) -> dict:
+    """The OpenAPI responses of a generation route: its body (or a stream), and every error it can send."""
+    ok = {"model": model, "description": "the answer, or with stream: true, server-sent events",
+          "content": {"text/event-stream": {}}}  # fmt: skip
+    return {200: ok, **_GENERATION_RESPONSES}
 
 
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, corrected: invalid requests are 400 here (FastAPI documents its own 422)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path in schema["paths"].values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _error(
     status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
 ) -> JSONResponse:
     kind = {401: "authentication_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status)
+    if status >= 500 and status != 503:
+        kind = "server_error"
     return JSONResponse(error_body(message, param, code, kind or "invalid_request_error"), status, headers=headers)
+
+
+__all__ = ["ApiError", "create_app"]

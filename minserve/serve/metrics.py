@@ -43,6 +43,9 @@ class ServerMetrics:
         self.waiting = Gauge("minserve:num_requests_waiting", "Requests waiting to be scheduled", registry=r)
         self.kv_usage = Gauge("minserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0–1)", registry=r)
         self.preemptions = Gauge("minserve:num_preemptions", "Preemptions since start", registry=r)
+        self.engine_restarts = Gauge(
+            "minserve:engine_restarts", "Engine cores started after the previous one died", registry=r
+        )
 
     def observe_finished(self, output: RequestOutput) -> None:
         m = output.metrics
@@ -60,8 +63,9 @@ class ServerMetrics:
         if m.queue_s is not None:
             self.queue_time.observe(m.queue_s)
 
-    def render(self, stats: EngineStats) -> bytes:
+    def render(self, stats: EngineStats, engine_restarts: int = 0) -> bytes:
         """The text exposition format, with the gauges read from ``stats`` now."""
+        self.engine_restarts.set(engine_restarts)
         self.running.set(stats.num_running)
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total)

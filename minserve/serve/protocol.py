@@ -1,74 +1,180 @@
-"""The OpenAI request bodies minserve accepts, as pydantic models, and the error body it answers with.
+"""The OpenAI request and response bodies minserve speaks, as pydantic models, and its error body.
 
 Field checks live here, so a bad request is answered 400 with the field named before it reaches the
-engine. minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``) are marked.
+engine, and the OpenAPI schema at ``/openapi.json`` states every rule the server enforces. Types are strict:
+``"16"`` is not a number, ``"yes"`` is not a boolean, ``true`` is not a token id, and ``NaN`` or ``Infinity``
+(which Python's JSON parser accepts) are no numbers at all. Text must be valid Unicode: a lone surrogate
+(``"\\ud800"`` in JSON) cannot be encoded, so it is refused rather than left to break the tokenizer.
+minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``) are marked.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from minserve.engine.input_processor import unicode_problem
+from minserve.engine.sampling_params import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN
 
 if TYPE_CHECKING:
     from minserve.engine.outputs import RequestOutput
 
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit on `logprobs`
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")  # OpenAI clients send fields we do not use
+
+
+def _valid_unicode(text: str) -> str:
+    problem = unicode_problem(text)
+    if problem:
+        raise ValueError(problem)
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_valid_unicode)]
+TokenId = Annotated[int, Field(ge=0)]
+Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields minserve does not use
+    model_config = STRICT
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: NonNegativeFloat = 1.0
+    temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)  # minserve extension, as in vLLM
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    top_k: int = Field(default=0, ge=-1, description="minserve extension, as in vLLM: 0 or -1 is off")
+    seed: Seed | None = None
+    stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        default=None, description=f"at most {MAX_STOP_STRINGS} non-empty strings"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # minserve extension, as in vLLM
-    priority: int = 0  # minserve extension, as in vLLM: lower runs first under --scheduling-policy priority
-    n: int = Field(default=1, ge=1, le=1)  # one choice per request
+    ignore_eos: bool = Field(default=False, description="minserve extension, as in vLLM")
+    priority: int = Field(default=0, description="minserve extension, as in vLLM: lower runs first")
+    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings(cls, stop: str | list[str] | None) -> list[str]:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        if len(stops) > 4 or not all(stops):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return stops
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] = Field(min_length=1)
-    max_tokens: int | None = Field(default=16, ge=1)
+    prompt: (
+        NonEmptyText
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
+    ) = Field(description="a non-empty string, a non-empty list of token ids, or a list of one string")
+    max_tokens: int | None = Field(default=16, ge=1, description="at most the context left after the prompt")
+    logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_COMPLETION_LOGPROBS, description="chosen tokens' logprobs, and this many more"
+    )
+    echo: bool = Field(default=False, description="not supported: true is refused")
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise ValueError("one prompt per request; send a batch as separate requests")
+        if isinstance(prompt, list) and isinstance(prompt[0], str):
             return prompt[0]
         return prompt
 
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echo is not supported: minserve returns the completion only")
+        return echo
+
+
+class TextPart(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+    text: Text
+
 
 class ChatMessage(BaseModel):
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: Text | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
+    max_completion_tokens: int | None = Field(
+        default=None, ge=1, description="default: the server's --default-max-tokens, or the context left"
+    )
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
+
+
+# --- responses (documented in the OpenAPI schema; the handlers build them as plain dicts) -----------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: Literal["stop", "length", "abort", "deadline", "error"] | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: Literal["stop", "length", "abort", "deadline", "error"] | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
 
 
 def error_body(message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"):
