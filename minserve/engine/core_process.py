@@ -27,6 +27,7 @@ the requests grow; the front end keeps the running totals.
 
 from __future__ import annotations
 
+import logging
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -65,6 +66,9 @@ class OutputDelta:
 
 def run_engine_core(config: EngineConfig, conn: Connection) -> None:
     """The core process's main function: build the engine, then step while there is work."""
+    # A spawned process starts with no logging set up: without this, a contained failure's traceback
+    # (logged by the engine) would print as a bare line.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (engine core): %(message)s")
     try:
         engine = LLMEngine(config)
     except Exception as error:  # a bad model path, an impossible configuration: say so, then end
