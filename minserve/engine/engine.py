@@ -305,10 +305,8 @@ class LLMEngine:
     # --- memory and statistics --------------------------------------------------------------------------
 
     def _stop_token_ids(self) -> frozenset[int]:
-        ids = set(self.model_config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return frozenset(ids)
+        """The model's EOS ids, the tokenizer's EOS and the chat template's end of turn (ChatML's <|im_end|>)."""
+        return frozenset(self.model_config.eos_token_ids) | self.tokenizer.stop_token_ids
 
     def kv_bytes_per_block(self) -> int:
         c = self.model_config

