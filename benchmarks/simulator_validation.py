@@ -12,8 +12,8 @@
    the wall clock passes its arrival time (stamped with that time, so a request that arrives during a step
    waits for it, as a client's would) and calls ``engine.step()`` otherwise, sleeping when idle. The
    simulator gets the same requests (token ids, output lengths, arrival offsets) and the engine's
-   configuration (:meth:`SimConfig.from_engine`). Both sides are summarized by the same
-   :func:`minserve.capacity.simulator.summarize` (:mod:`minserve.slo` underneath).
+   configuration (:meth:`SchedulerConfig.from_engine`). Both sides are summarized by the same
+   :func:`minserve.slo.summarize` (:mod:`minserve.slo` underneath).
 
 Each run uses fresh random prompt token ids (same lengths), so no run finds another's blocks in the prefix
 cache, which the simulator, starting empty each time, would not see. The engine runs on one torch thread
@@ -43,7 +43,9 @@ import torch
 
 from minserve import LLM, SamplingParams, slo
 from minserve.capacity.calibration import calibrate
-from minserve.capacity.simulator import SimConfig, SimRequest, Simulator, poisson_arrivals, summarize
+from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator
+from minserve.engine.driver import Arrival, drive
+from minserve.workload import poisson_arrivals
 
 COMPARED = (
     ("ttft_p50_ms", "TTFT p50 ms"),
@@ -70,26 +72,20 @@ def prompts_for(lengths, vocab_size: int, seed: int) -> list[list[int]]:
 
 
 def run_engine(llm: LLM, prompts, outputs, arrivals_s) -> list[slo.RequestRecord]:
-    """Open loop on the engine: add each request when its arrival time has passed, step otherwise."""
+    """Open loop on the engine (the same driver the simulator runs on, here on the wall clock): each request
+    is added when its arrival time has passed, stamped with that time."""
     engine = llm.engine
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outputs]
-    start = time.perf_counter() + 0.01
-    finished, i, n = {}, 0, len(prompts)
-    while len(finished) < n:
-        now = time.perf_counter()
-        while i < n and start + arrivals_s[i] <= now:
-            engine.add_request(prompts[i], params[i], request_id=str(i), arrival_time_s=start + arrivals_s[i])
-            i += 1
-        if engine.has_unfinished_requests():
-            for output in engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
-        elif i < n:
-            time.sleep(max(0.0, start + arrivals_s[i] - time.perf_counter()))
-    return slo.records_from_outputs(finished[str(k)] for k in range(n))
+
+    def adder(k: int):
+        params = SamplingParams(max_tokens=outputs[k], temperature=0.0, ignore_eos=True)
+        return lambda arrival_s: engine.add_request(prompts[k], params, request_id=str(k), arrival_time_s=arrival_s)
+
+    arrivals = [Arrival(arrivals_s[k], adder(k)) for k in range(len(prompts))]
+    finished = drive(engine.core, arrivals, start_s=time.perf_counter() + 0.01)
+    return slo.records_from_outputs(finished[str(k)] for k in range(len(prompts)))
 
 
-def run_simulator(cost, config: SimConfig, prompts, outputs, arrivals_s) -> tuple[list[slo.RequestRecord], float]:
+def run_simulator(cost, config: SchedulerConfig, prompts, outputs, arrivals_s) -> tuple[list[slo.RequestRecord], float]:
     requests = [
         SimRequest(a, tuple(p), o, request_id=str(k)) for k, (a, p, o) in enumerate(zip(arrivals_s, prompts, outputs))
     ]
@@ -140,7 +136,7 @@ def main() -> int:
 
     llm = LLM(args.model, num_threads=args.threads)
     vocab = llm.model_config.vocab_size
-    config = SimConfig.from_engine(llm)
+    config = SchedulerConfig.from_engine(llm)
     t = time.perf_counter()
     cost = calibrate(llm)
     calibrate_s = time.perf_counter() - t
@@ -160,7 +156,7 @@ def main() -> int:
         measured_records = run_engine(llm, prompts, outputs, arrivals)
         engine_s = time.perf_counter() - t0
         simulated_records, sim_s = run_simulator(cost, config, prompts, outputs, arrivals)
-        measured, simulated = summarize(measured_records), summarize(simulated_records)
+        measured, simulated = slo.summarize(measured_records), slo.summarize(simulated_records)
         run = {
             "label": label,
             "rate_rps": rate if math.isfinite(rate) else None,  # None: every request at once

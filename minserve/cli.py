@@ -12,20 +12,15 @@ import time
 from pathlib import Path
 
 from minserve import slo
+from minserve.config import EngineConfig, ServerConfig
+from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, config_options
 from minserve.grade import add_grade_command
 from minserve.model.config import ModelConfig
-from minserve.model.loader import DEFAULT_MODEL, EMBEDDED_MODELS
+from minserve.model.loader import EMBEDDED_MODELS
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="a name (see `minserve models`), checkpoint dir, .gguf file or hub id"
-    )
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 … (auto: cuda when available)")
-    parser.add_argument(
-        "--backend", default="auto", choices=["auto", "torch", "triton"], help="auto: triton on CUDA, else torch"
-    )
+    add_config_flags(parser, EngineConfig, ENGINE_MODEL)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -142,37 +137,15 @@ def _tour_serve_and_load_test(args: argparse.Namespace) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve the model over an OpenAI-compatible HTTP API."""
-    from minserve.config import EngineConfig, ServerConfig
     from minserve.serve.server import serve
 
-    engine_config = EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        device=args.device,
-        backend=args.backend,
-        enable_cuda_graphs=not args.no_cuda_graphs,
-        scheduling_policy=args.scheduling_policy,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        preemption_mode=args.preemption_mode,
-        max_model_len=args.max_model_len,
-        block_size=args.block_size,
-        num_kv_blocks=args.num_kv_blocks,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        enable_prefix_caching=not args.no_prefix_caching,
-        enable_tracing=args.trace_out is not None or not args.no_tracing,
-        num_threads=args.threads if args.threads is not None else _default_server_threads(args.device),
-    )
-    server_config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or os.environ.get("MINSERVE_API_KEY"),
-        max_waiting_requests=args.max_waiting_requests,
-        request_timeout_s=args.request_timeout_s,
-        default_max_tokens=args.default_max_tokens,
-        trace_out=None if args.trace_out is None else str(args.trace_out),
-    )
-    serve(engine_config, server_config, log_level=args.log_level)
+    options = config_options(args, EngineConfig, SERVE_ENGINE_FIELDS)
+    options["enable_tracing"] = args.trace_out is not None or options["enable_tracing"]  # a trace wants events
+    if options.get("num_threads") is None:
+        options["num_threads"] = _default_server_threads(args.device)
+    server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS)
+    server["api_key"] = server.get("api_key") or os.environ.get("MINSERVE_API_KEY")
+    serve(EngineConfig(**options), ServerConfig(**server), log_level=args.log_level)
     return 0
 
 
@@ -220,6 +193,12 @@ def _describe_shape(config: ModelConfig) -> str:
     )
 
 
+# What `minserve serve` takes of each configuration (the model's fields come first: they open every command).
+SERVE_ENGINE_FIELDS = (*ENGINE_MODEL, *ENGINE_SCHEDULING, "enable_cuda_graphs", "enable_tracing", "num_threads")
+SERVE_SERVER_FIELDS = ("host", "port", "api_key", "max_waiting_requests", "request_timeout_s",
+                       "default_max_tokens", "trace_out")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     from minserve import __version__
 
@@ -247,29 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", description=_cmd_serve.__doc__)
     _add_model_arguments(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require this bearer token (or set MINSERVE_API_KEY)")
-    serve.add_argument("--max-waiting-requests", type=int, default=256, help="past this queue length: 429")
-    serve.add_argument("--request-timeout-s", type=float, default=600.0)
-    serve.add_argument(
-        "--default-max-tokens", type=int, default=512, help="a chat request's max_tokens when it sends none"
-    )
-    serve.add_argument("--max-model-len", type=int, default=None)
-    serve.add_argument("--block-size", type=int, default=16)
-    serve.add_argument("--num-kv-blocks", type=int, default=None)
-    serve.add_argument("--max-num-seqs", type=int, default=64)
-    serve.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    serve.add_argument("--no-prefix-caching", action="store_true")
-    serve.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly on a GPU")
-    serve.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority", "spf", "static"])
-    serve.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt whole, in one step")
-    serve.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    serve.add_argument("--no-tracing", action="store_true", help="record no per-request trace events")
-    serve.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads of the engine (default on a CPU: cores − 1)"
-    )
-    serve.add_argument("--trace-out", type=Path, default=None, help="on exit, write the trace here (Perfetto JSON)")
+    add_config_flags(serve.add_argument_group("server"), ServerConfig, SERVE_SERVER_FIELDS)
+    add_config_flags(serve.add_argument_group("engine"), EngineConfig, SERVE_ENGINE_FIELDS[len(ENGINE_MODEL) :])
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)
 

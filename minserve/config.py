@@ -1,12 +1,39 @@
-"""User-facing configuration: one frozen dataclass per concern, checked when it is built."""
+"""User-facing configuration: one frozen dataclass per concern, checked when it is built.
+
+Each field that a command line sets carries its help text (and its choices) in its metadata, through
+:func:`option`; :mod:`minserve.flags` turns the fields into ``argparse`` flags, so a new setting is one line
+here and shows up in every command that takes its group.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minserve.engine.policies import Policy
+    from minserve.engine.preemption import Preemption
+
+
+def option(
+    default: Any, help: str, choices: Sequence[str] | Callable[[], Sequence[str]] | None = None, flag: str | None = None
+) -> Any:
+    """A dataclass field with what its command-line flag says: ``help``, ``choices`` (or a function giving
+    them, for registries filled later), and ``flag`` when the flag's name is not the field's."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag})
+
+
+def _policy_names() -> list[str]:
+    from minserve.engine.policies import POLICIES
+
+    return sorted(POLICIES)
+
+
+def _preemption_names() -> list[str]:
+    from minserve.engine.preemption import PREEMPTION_MODES
+
+    return list(PREEMPTION_MODES)
 
 
 @dataclass(frozen=True)
@@ -36,24 +63,25 @@ class EngineConfig:
     threads than cores keeps the forward pass from waiting on a thread whose core is taken.
     """
 
-    model: str = "minserve-tiny"
-    dtype: str = "auto"
-    device: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str | Policy = "fcfs"  # a name, or a Policy object (chapter 05's exercise plugs one in)
-    preemption_mode: str = "recompute"
-    swap_space_bytes: int | None = None
-    enable_tracing: bool = True
-    num_threads: int | None = None
-    backend: str = "auto"
-    enable_cuda_graphs: bool = True
+    model: str = option("minserve-tiny", "a name (see `minserve models`), checkpoint dir, .gguf file or hub id")
+    dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    device: str = option("auto", "cpu, cuda, cuda:1 …; auto is cuda when available")
+    max_model_len: int | None = option(None, "context limit in tokens, below the model's own")
+    block_size: int = option(16, "tokens per KV block")
+    num_kv_blocks: int | None = option(None, "KV blocks (default: what fits in the KV memory budget)")
+    kv_cache_memory_bytes: int | None = option(None, "KV memory budget in bytes")
+    max_num_seqs: int = option(64, "sequences per step, at most")
+    max_num_batched_tokens: int = option(1024, "tokens per step, at most")
+    enable_prefix_caching: bool = option(True, "share the KV of prompts' common prefixes")
+    enable_chunked_prefill: bool = option(True, "split long prompts across steps (off: each prefilled whole)")
+    # A name, or a Policy object (chapter 05's exercise plugs one in).
+    scheduling_policy: str | Policy = option("fcfs", "admission and preemption order", choices=_policy_names)
+    preemption_mode: str | Preemption = option("recompute", "when KV runs out", choices=_preemption_names)
+    swap_space_bytes: int | None = option(None, "host memory for swapped KV (default: as much as the device's)")
+    enable_tracing: bool = option(True, "record per-request trace events")
+    num_threads: int | None = option(None, "torch CPU threads of the engine", flag="threads")
+    backend: str = option("auto", "kernels: auto is triton on CUDA, else torch", choices=("auto", "torch", "triton"))
+    enable_cuda_graphs: bool = option(True, "decode steps as CUDA graphs on a GPU (off: eager)")
 
     def __post_init__(self) -> None:
         _positive(self, "max_model_len", self.max_model_len, minimum=2, optional=True)
@@ -64,6 +92,80 @@ class EngineConfig:
         _positive(self, "max_num_batched_tokens", self.max_num_batched_tokens)
         _positive(self, "num_threads", self.num_threads, optional=True)
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the engine core batches, caches and preempts: everything the engine and the simulator share.
+
+    The engine builds one from its :class:`EngineConfig` once it knows how many KV blocks fit in memory
+    (:attr:`LLMEngine.scheduler_config <minserve.engine.engine.LLMEngine>`); the simulator takes one as
+    it is. ``num_kv_blocks`` defaults to what the engine allocates for ``minserve-tiny`` on a CPU (256 MiB
+    of float32 KV). ``max_model_len`` ``None`` means no context limit. With ``preemption_mode="swap"``,
+    ``num_cpu_blocks`` host blocks hold swapped-out KV (``None``: as many as the device has).
+    """
+
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    block_size: int = 16
+    num_kv_blocks: int = 4096
+    scheduling_policy: str | Policy = "fcfs"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+    preemption_mode: str | Preemption = "recompute"
+    num_cpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        from minserve.engine.policies import make_policy
+        from minserve.engine.preemption import make_preemption
+
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks"):
+            _positive(self, name, getattr(self, name))
+        _positive(self, "num_cpu_blocks", self.num_cpu_blocks, minimum=0, optional=True)
+        _positive(self, "max_model_len", self.max_model_len, minimum=2, optional=True)
+        make_policy(self.scheduling_policy)  # an unknown name fails here, not at the first step
+        make_preemption(self.preemption_mode)
+
+    @property
+    def host_blocks(self) -> int:
+        """Host blocks the block manager gets: none unless swapping, by default as many as the device's."""
+        from minserve.engine.preemption import make_preemption
+
+        if not make_preemption(self.preemption_mode).uses_host_memory:
+            return 0
+        return self.num_kv_blocks if self.num_cpu_blocks is None else self.num_cpu_blocks
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    def replace(self, **changes: Any) -> SchedulerConfig:
+        return replace(self, **changes)
+
+    @classmethod
+    def of(cls, engine_config: EngineConfig, **sized: Any) -> SchedulerConfig:
+        """The scheduling part of an :class:`EngineConfig` (every field the two share, by name), with what
+        only a loaded engine knows (``num_kv_blocks``, ``max_model_len``, ``num_cpu_blocks``) in ``sized``."""
+        shared = {f.name: getattr(engine_config, f.name) for f in fields(cls) if hasattr(engine_config, f.name)}
+        return cls(**{**shared, **sized})
+
+    @classmethod
+    def from_engine(cls, llm: Any, **overrides: Any) -> SchedulerConfig:
+        """The configuration an engine (or an ``LLM``) runs with, its KV block counts included."""
+        return getattr(llm, "engine", llm).scheduler_config.replace(**overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for name in ("scheduling_policy", "preemption_mode"):  # a strategy object is saved by its name
+            data[name] = getattr(data[name], "name", data[name])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> SchedulerConfig:
+        """From :meth:`to_dict`'s output (unknown keys ignored), with ``overrides`` on top."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in data.items() if k in known}, **overrides})
 
 
 def _positive(config: object, name: str, value: object, minimum: int = 1, optional: bool = False) -> None:
@@ -87,16 +189,16 @@ class ServerConfig:
     ``trace_out``: a file to write the engine's trace to (Chrome/Perfetto JSON) when the server stops.
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_waiting_requests: int = 256
-    request_timeout_s: float = 600.0
-    default_max_tokens: int = 512
-    retry_after_s: int = 1
-    max_body_bytes: int = 4 * 2**20
-    shutdown_drain_s: float = 30.0
-    trace_out: str | None = None
+    host: str = option("127.0.0.1", "address to bind; 127.0.0.1 is loopback only")
+    port: int = option(8000, "TCP port")
+    api_key: str | None = option(None, "require this bearer token (or set MINSERVE_API_KEY)")
+    max_waiting_requests: int = option(256, "past this queue length: 429")
+    request_timeout_s: float = option(600.0, "a request running longer is cancelled (504)")
+    default_max_tokens: int = option(512, "a chat request's max_tokens when it sends none")
+    retry_after_s: int = option(1, "the Retry-After of a 429 or 503, seconds")
+    max_body_bytes: int = option(4 * 2**20, "largest request body, bytes (413 past it)")
+    shutdown_drain_s: float = option(30.0, "on shutdown, how long running requests may finish")
+    trace_out: str | None = option(None, "on exit, write the engine's trace here (Perfetto JSON)")
 
     def __post_init__(self) -> None:
         _positive(self, "port", self.port, minimum=0)

@@ -256,15 +256,39 @@ def summary_table(
     """
     import pandas as pd  # the lab extra; kept out of module import so the core package stays pandas-free
 
-    rows = {}
-    for metric in metrics:
-        values_ms = [v * 1e3 for v in metric_values_s(records, metric)]
-        row = {"count": len(values_ms), "mean": sum(values_ms) / len(values_ms) if values_ms else math.nan}
-        row |= {f"p{q:g}": percentile(values_ms, q) for q in percentiles}
-        rows[f"{metric}_ms"] = row
+    rows = {f"{metric}_ms": distribution_ms(metric_values_s(records, metric), percentiles) for metric in metrics}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "metric"
     return table
+
+
+def distribution_ms(values_s: Sequence[float], percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float]:
+    """``count``, ``mean`` and ``p50`` … ``p99`` of values given in seconds, reported in milliseconds.
+
+    The one summary of a distribution: the percentile table, the load tester's summary and
+    :func:`summarize` are all made of it (empty values give ``nan`` with count 0).
+    """
+    values_ms = [v * 1e3 for v in values_s]
+    row = {"count": len(values_ms), "mean": sum(values_ms) / len(values_ms) if values_ms else math.nan}
+    return row | {f"p{q:g}": percentile(values_ms, q) for q in percentiles}
+
+
+def summarize(records: Sequence[RequestRecord], slo_target: SLO | None = None) -> dict[str, float]:
+    """The numbers two runs are compared on, flat: ``{metric}_{statistic}_ms`` for TTFT, TPOT, ITL and E2E
+    (``ttft_p90_ms``, ``tpot_mean_ms``…, from :func:`distribution_ms`), request and output-token throughput
+    over the measured window, and goodput and attainment under an SLO. A simulation and a measured engine
+    run are summarized by this same function."""
+    out: dict[str, float] = {"requests": len(records), "ok": sum(r.ok for r in records)}
+    for metric in ("ttft", "tpot", "itl", "e2e"):
+        for statistic, value in distribution_ms(metric_values_s(records, metric)).items():
+            if statistic != "count":
+                out[f"{metric}_{statistic}_ms"] = value
+    out["throughput_rps"] = request_throughput_rps(records)
+    out["output_tokens_per_s"] = token_throughput_tps(records)
+    if slo_target is not None:
+        out["goodput_rps"] = goodput_rps(records, slo_target)
+        out["attainment"] = attainment(records, slo_target)["all"]
+    return out
 
 
 # --- attainment and goodput --------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ prompt is done; finish it at its max_tokens. Fast enough to run thousands of ste
 
 from __future__ import annotations
 
-from minserve.engine.block_manager import BlockManager
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.outputs import RequestMetrics
 from minserve.engine.sampling_params import SamplingParams
@@ -33,7 +32,7 @@ def make_sequence(i: int, prompt: list[int], max_tokens: int, priority: int = 0)
     )
 
 
-def step(scheduler: Scheduler, block_manager: BlockManager, next_token: int = 0) -> tuple[ScheduledBatch, list]:
+def step(scheduler: Scheduler, next_token: int = 0) -> tuple[ScheduledBatch, list]:
     """One step without a model: the batch the scheduler chose, and the sequences that finished in it."""
     batch = scheduler.schedule()
     finished = []

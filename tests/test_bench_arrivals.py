@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minserve.bench.arrivals import OpenLoop, inter_arrival_gaps, parse_concurrencies, parse_rates, timetable
+from minserve.bench.arrivals import OpenLoop, parse_concurrencies
 from minserve.bench.client import RequestResult
 from minserve.bench.runner import run_closed_loop, run_open_loop
 from minserve.bench.workload import BenchRequest
+from minserve.workload import inter_arrival_gaps, parse_rates, timetable
 
 SAMPLES = 20000
 

@@ -31,23 +31,20 @@ def test_corpus_text_has_the_target_length(num_tokens, seed):
 @pytest.mark.parametrize("kind", ["fixed", "uniform", "lognormal"])
 def test_lengths_are_clipped_to_one_and_max(kind):
     dist = LengthDist(kind, mean=50, spread=200, max_len=120)
-    rng = random.Random(0)
-    values = [dist.sample(rng) for _ in range(2000)]
+    values = dist.sample(2000, seed=0)
     assert min(values) >= 1 and max(values) <= 120
 
 
 def test_lognormal_has_the_stated_mean_and_spread():
     dist = LengthDist("lognormal", mean=200, spread=100, max_len=1 << 20)
-    rng = random.Random(1)
-    values = [dist.sample(rng) for _ in range(20000)]
+    values = dist.sample(20000, seed=1)
     assert statistics.mean(values) == pytest.approx(200, rel=0.03)
     assert statistics.stdev(values) == pytest.approx(100, rel=0.08)
 
 
 def test_uniform_stays_within_mean_plus_minus_spread():
     dist = LengthDist("uniform", mean=100, spread=20)
-    rng = random.Random(2)
-    assert {dist.sample(rng) for _ in range(2000)} <= set(range(80, 121))
+    assert set(dist.sample(2000, seed=2)) <= set(range(80, 121))
 
 
 def test_parse_length():

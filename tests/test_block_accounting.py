@@ -21,7 +21,7 @@ def _sequence(i: int, prompt: list[int], max_tokens: int) -> Sequence:
 
 
 def _step(scheduler: Scheduler, block_manager: BlockManager, next_token: int) -> list[Sequence]:
-    return stand_in.step(scheduler, block_manager, next_token)[1]
+    return stand_in.step(scheduler, next_token)[1]
 
 
 requests = st.lists(

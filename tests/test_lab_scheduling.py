@@ -12,13 +12,14 @@ import pandas as pd
 import pytest
 
 from minserve import LLM, lab, slo
-from minserve.capacity.simulator import SimConfig, SimRequest, Simulator, StepCostModel
+from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel
+from minserve.engine.core import ScheduledSeq
 from minserve.engine.policies import ShortestPromptFirst
 from minserve.lab import scheduling
 from tests import stand_in
 
 COST = StepCostModel({"base": 1e-3, "prefill_tokens": 1e-5, "decode_seqs": 1e-4})
-SMALL = SimConfig(max_num_seqs=8, max_num_batched_tokens=128, num_kv_blocks=512, max_model_len=2048)
+SMALL = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, num_kv_blocks=512, max_model_len=2048)
 
 
 def _engine(**options) -> LLM:
@@ -99,12 +100,12 @@ def test_preemptions_are_recorded_with_their_states_and_trace(vocab, mode):
 
 def test_state_of_a_scheduled_sequence():
     prompt = stand_in.make_sequence(0, [1, 2, 3, 4], max_tokens=5)
-    assert scheduling._state_of(prompt, 4) == "prefill"
+    assert ScheduledSeq.of(prompt, 4).state == "prefill"
     decoding = stand_in.make_sequence(1, [1, 2, 3, 4], max_tokens=5)
     decoding.output_token_ids, decoding.num_computed_tokens = [9], 4
-    assert scheduling._state_of(decoding, 1) == "decode"
+    assert ScheduledSeq.of(decoding, 1).state == "decode"
     decoding.num_computed_tokens = 0  # preempted by recompute: prompt and output again
-    assert scheduling._state_of(decoding, 5) == "recompute"
+    assert ScheduledSeq.of(decoding, 5).state == "recompute"
 
 
 # --- tables and figures of a run ---------------------------------------------------------------------------
@@ -209,7 +210,7 @@ def test_class_summary_and_starvation_figure():
     # Four short requests and a long one, all at once on one seat, shortest first: the long one goes last.
     requests = [SimRequest(0.0, tuple(range(1, 9)), 2, request_id=str(i)) for i in range(4)]
     requests.append(SimRequest(0.0, tuple(range(1, 101)), 2, request_id="long"))
-    config = SimConfig(max_num_seqs=1, max_num_batched_tokens=512, num_kv_blocks=64, scheduling_policy="spf")
+    config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512, num_kv_blocks=64, scheduling_policy="spf")
     result = Simulator(StepCostModel({"base": 1.0}), config).run(requests)
     classes = scheduling.class_summary(result, long_threshold=50)
     assert classes["ttft_long_max_ms"] == pytest.approx(9_000)  # four shorts of 2 steps each, then its prefill

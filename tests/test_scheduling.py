@@ -94,13 +94,13 @@ def test_static_batching_admits_nobody_into_a_running_batch():
     first = [stand_in.make_sequence(i, [1, 2, 3], max_tokens=5 + i) for i in range(2)]
     for seq in first:
         scheduler.add(seq)
-    stand_in.step(scheduler, block_manager)
+    stand_in.step(scheduler)
     late = stand_in.make_sequence(9, [4, 5], max_tokens=2)
     scheduler.add(late)
     while first[1] in scheduler.running:
-        batch, _ = stand_in.step(scheduler, block_manager)
+        batch, _ = stand_in.step(scheduler)
         assert late not in batch.seqs  # the batch runs to completion first
-    batch, _ = stand_in.step(scheduler, block_manager)
+    batch, _ = stand_in.step(scheduler)
     assert batch.seqs == [late]
 
 
@@ -120,7 +120,7 @@ def _finish_step_of_long_request(policy, num_steps: int = 1000) -> int | None:
         for _ in range(3):
             scheduler.add(stand_in.make_sequence(arrivals, list(range(8)), max_tokens=2))
             arrivals += 1
-        _, finished = stand_in.step(scheduler, block_manager)
+        _, finished = stand_in.step(scheduler)
         if long in finished:
             return step
     return None
@@ -152,7 +152,7 @@ def test_the_policy_chooses_the_preemption_victim():
             scheduler.add(seq)
         preempted = []
         for _ in range(10):
-            batch, _ = stand_in.step(scheduler, block_manager)
+            batch, _ = stand_in.step(scheduler)
             preempted += [seq.request_id for seq in batch.preempted]
             block_manager.check_invariants([*scheduler.running, *scheduler.waiting])
         assert preempted and preempted[0] == expected_victim, (policy, preempted)
@@ -198,7 +198,7 @@ def test_swap_preemption_moves_kv_to_host_and_back():
         scheduler.add(seq)
     swapped_out = swapped_in = 0
     while scheduler.has_unfinished():
-        batch, _ = stand_in.step(scheduler, block_manager)
+        batch, _ = stand_in.step(scheduler)
         swapped_out += len(batch.swap_out)
         swapped_in += len(batch.swap_in)
         block_manager.check_invariants([*scheduler.running, *scheduler.waiting, *scheduler.swapped])

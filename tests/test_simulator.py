@@ -15,22 +15,14 @@ import numpy as np
 import pytest
 
 from minserve import slo
-from minserve.bench.arrivals import timetable
-from minserve.capacity import calibration
+from minserve.capacity import calibration, cost_model
 from minserve.capacity import simulator as sim
-from minserve.capacity.simulator import (
-    SimConfig,
-    SimRequest,
-    Simulator,
-    StepCostModel,
-    StepFeatures,
-    StepSample,
-    make_requests,
-    poisson_arrivals,
-)
+from minserve.capacity.cost_model import StepCostModel, StepFeatures, StepSample
+from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, make_requests
 from minserve.cli import main
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
+from minserve.workload import parse_length, poisson_arrivals, timetable
 from tests import stand_in
 
 ZERO = StepCostModel({})
@@ -56,7 +48,7 @@ def prompt(n: int, start: int = 1) -> tuple[int, ...]:
 # --- the real scheduler, the same decisions ------------------------------------------------------------------
 
 
-def _stand_in_decisions(prompts, outputs, priorities, config: SimConfig) -> list[tuple]:
+def _stand_in_decisions(prompts, outputs, priorities, config: SchedulerConfig) -> list[tuple]:
     """What tests/stand_in.py's loop (the engine's bookkeeping without a model) schedules, step by step."""
     block_manager = BlockManager(
         config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.host_blocks
@@ -73,7 +65,7 @@ def _stand_in_decisions(prompts, outputs, priorities, config: SimConfig) -> list
         scheduler.add(stand_in.make_sequence(i, list(p), n, priority))
     decisions = []
     while scheduler.has_unfinished():
-        batch, _ = stand_in.step(scheduler, block_manager)
+        batch, _ = stand_in.step(scheduler)
         decisions.append(_decision(batch))
     block_manager.check_invariants([])
     return decisions
@@ -87,6 +79,15 @@ def _decision(batch: ScheduledBatch) -> tuple:
     )
 
 
+def _reported(report) -> tuple:
+    """The same decision, as the engine core reports a step it ran."""
+    return (
+        tuple(s.request_id for s in report.scheduled),
+        tuple(s.num_new_tokens for s in report.scheduled),
+        tuple(report.preempted),
+    )
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "spf", "static"])
 @pytest.mark.parametrize("chunked", [True, False])
 @pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
@@ -97,7 +98,7 @@ def test_with_zero_cost_it_makes_the_stand_ins_decisions(policy, chunked, preemp
     outputs = rng.integers(1, 30, size=n).tolist()
     priorities = rng.integers(0, 3, size=n).tolist()
     # 24 blocks of 8 tokens for 24 requests of up to 90 tokens: preemptions are certain.
-    config = SimConfig(
+    config = SchedulerConfig(
         max_num_seqs=6,
         max_num_batched_tokens=32,
         block_size=8,
@@ -113,7 +114,7 @@ def test_with_zero_cost_it_makes_the_stand_ins_decisions(policy, chunked, preemp
         for i, (p, o, pr) in enumerate(zip(prompts, outputs, priorities))
     ]
     seen = []
-    result = Simulator(ZERO, config).run(requests, on_step=lambda step, batch: seen.append(_decision(batch)))
+    result = Simulator(ZERO, config).run(requests, on_step=lambda step, report: seen.append(_reported(report)))
     assert seen == expected
     assert any(d[2] for d in seen) or policy == "static"  # memory is short: the scheduler preempted
     assert result.num_preemptions == sum(len(d[2]) for d in seen)
@@ -156,17 +157,17 @@ def test_a_request_arriving_during_a_step_waits_for_it_then_shares_the_next():
 
 
 def test_chunked_prefill_splits_a_long_prompt_across_steps_within_the_budget():
-    config = SimConfig(max_num_batched_tokens=64)
+    config = SchedulerConfig(max_num_batched_tokens=64)
     result = Simulator(SIMPLE, config).run([SimRequest(0.0, prompt(200), output_tokens=2)])
     assert [s.features.prefill_tokens for s in result.steps] == [64, 64, 64, 8, 0]
     assert result.requests[0].record.ttft_s == pytest.approx(4 * 0.010 + 200 * 0.001)
-    unchunked = Simulator(SIMPLE, SimConfig(max_num_batched_tokens=64, enable_chunked_prefill=False))
+    unchunked = Simulator(SIMPLE, SchedulerConfig(max_num_batched_tokens=64, enable_chunked_prefill=False))
     assert [s.features.prefill_tokens for s in unchunked.run([SimRequest(0.0, prompt(200), 2)]).steps] == [200, 0]
 
 
 def test_deadline_stops_a_request_that_waits_too_long():
     # Static batching: b cannot join a's running batch, so it waits past its 50 ms deadline.
-    config = SimConfig(scheduling_policy="static")
+    config = SchedulerConfig(scheduling_policy="static")
     a = SimRequest(0.0, prompt(100), output_tokens=20, request_id="a")
     b = SimRequest(0.001, prompt(10, start=500), output_tokens=5, deadline_s=0.05, request_id="b")
     result = Simulator(SIMPLE, config).run([a, b])
@@ -181,12 +182,12 @@ def test_deadline_stops_a_request_that_waits_too_long():
 
 
 def test_max_model_len_ends_a_request_as_the_engine_does():
-    result = Simulator(SIMPLE, SimConfig(max_model_len=20)).run([SimRequest(0.0, prompt(15), output_tokens=50)])
+    result = Simulator(SIMPLE, SchedulerConfig(max_model_len=20)).run([SimRequest(0.0, prompt(15), output_tokens=50)])
     assert result.requests[0].output_tokens == 5 and result.requests[0].finish_reason == "length"
     with pytest.raises(ValueError, match="max_model_len"):
-        Simulator(SIMPLE, SimConfig(max_model_len=20)).run([SimRequest(0.0, prompt(20), output_tokens=1)])
+        Simulator(SIMPLE, SchedulerConfig(max_model_len=20)).run([SimRequest(0.0, prompt(20), output_tokens=1)])
     with pytest.raises(ValueError, match="KV cache"):
-        Simulator(SIMPLE, SimConfig(num_kv_blocks=2, block_size=4)).run([SimRequest(0.0, prompt(5), 4)])
+        Simulator(SIMPLE, SchedulerConfig(num_kv_blocks=2, block_size=4)).run([SimRequest(0.0, prompt(5), 4)])
 
 
 # --- policies change outcomes as they should -----------------------------------------------------------------
@@ -211,7 +212,7 @@ def _mean_ttft(result, which=lambda r: True) -> float:
 
 
 def test_shortest_prompt_first_lowers_mean_ttft_against_fcfs():
-    config = SimConfig(max_num_batched_tokens=256, max_num_seqs=8)
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8)
     fcfs = sim.simulate(_mixed_burst(), CPU_LIKE, config)
     spf = sim.simulate(_mixed_burst(), CPU_LIKE, config, scheduling_policy="spf")
     assert _mean_ttft(spf) < 0.8 * _mean_ttft(fcfs)
@@ -219,7 +220,7 @@ def test_shortest_prompt_first_lowers_mean_ttft_against_fcfs():
 
 
 def test_priority_serves_the_urgent_first_and_static_batching_waits_longest():
-    config = SimConfig(max_num_batched_tokens=256, max_num_seqs=8)
+    config = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8)
     fcfs = sim.simulate(_mixed_burst(), CPU_LIKE, config)
     priority = sim.simulate(_mixed_burst(), CPU_LIKE, config, scheduling_policy="priority")
     urgent = lambda r: r.priority == 0  # noqa: E731
@@ -253,7 +254,7 @@ def test_blocks_are_all_returned_at_the_end(preemption_mode):
         shared_prefix_tokens=16,
     )
     simulator = Simulator(
-        CPU_LIKE, SimConfig(num_kv_blocks=40, block_size=8, preemption_mode=preemption_mode, num_cpu_blocks=20)
+        CPU_LIKE, SchedulerConfig(num_kv_blocks=40, block_size=8, preemption_mode=preemption_mode, num_cpu_blocks=20)
     )
     result = simulator.run(requests)
     assert result.num_preemptions > 0
@@ -349,7 +350,7 @@ def test_cost_model_arithmetic_json_and_refusals(tmp_path):
     assert SIMPLE.step_time_s(StepFeatures()) == 0.0  # a step that runs nothing costs nothing
     path = SIMPLE.save(tmp_path / "cost.json")
     assert StepCostModel.load(path) == SIMPLE
-    assert json.loads(path.read_text())["format"] == sim.COST_FORMAT
+    assert json.loads(path.read_text())["format"] == cost_model.COST_FORMAT
     with pytest.raises(ValueError, match="step-cost"):
         StepCostModel.from_dict({"coefficients": {}})
     with pytest.raises(ValueError, match="unknown cost terms"):
@@ -396,23 +397,23 @@ def test_make_requests_and_sample_lengths():
     assert all(0 < t < 2048 for r in requests for t in r.prompt_token_ids)
     with pytest.raises(ValueError, match="prompt_lengths"):
         make_requests([0.0, 1.0], [10], 4)
-    assert sim.sample_lengths("7", 3) == [7, 7, 7]
-    uniform = sim.sample_lengths("uniform:100:50", 500, seed=1)
+    assert parse_length("7").sample(3) == [7, 7, 7]
+    uniform = parse_length("uniform:100:50").sample(500, seed=1)
     assert min(uniform) >= 50 and max(uniform) <= 150 and 90 < np.mean(uniform) < 110
-    assert 220 < np.mean(sim.sample_lengths("lognormal:256:128", 4000)) < 290
+    assert 220 < np.mean(parse_length("lognormal:256:128").sample(4000)) < 290
     with pytest.raises(ValueError, match="length spec"):
-        sim.sample_lengths("normal:1:2", 3)
+        parse_length("normal:1:2").sample(3)
 
 
 def test_sim_config_from_an_engine_and_its_json():
-    config = SimConfig(scheduling_policy="spf", preemption_mode="swap", num_kv_blocks=100)
-    assert config.host_blocks == 100 and SimConfig().host_blocks == 0
-    assert SimConfig.from_dict(config.to_dict()) == config
-    assert SimConfig.from_dict({**config.to_dict(), "future_knob": 1}, max_num_seqs=3).max_num_seqs == 3
+    config = SchedulerConfig(scheduling_policy="spf", preemption_mode="swap", num_kv_blocks=100)
+    assert config.host_blocks == 100 and SchedulerConfig().host_blocks == 0
+    assert SchedulerConfig.from_dict(config.to_dict()) == config
+    assert SchedulerConfig.from_dict({**config.to_dict(), "future_knob": 1}, max_num_seqs=3).max_num_seqs == 3
     with pytest.raises(ValueError, match="scheduling_policy"):
-        SimConfig(scheduling_policy="fastest")
+        SchedulerConfig(scheduling_policy="fastest")
     with pytest.raises(ValueError, match="preemption_mode"):
-        SimConfig(preemption_mode="drop")
+        SchedulerConfig(preemption_mode="drop")
 
 
 # --- calibration on the embedded model -----------------------------------------------------------------------
@@ -430,7 +431,7 @@ def llm():
 def test_calibrate_on_the_embedded_model_gives_a_sane_fit(llm):
     cost = calibration.calibrate(llm, **TINY_WORKLOAD)
     c = cost.coefficients
-    assert set(c) == set(sim.DEFAULT_TERMS[llm.engine.model.backend.name])
+    assert set(c) == set(cost_model.DEFAULT_TERMS[llm.engine.model.backend.name])
     assert all(value >= 0 for value in c.values()) and c["base"] > 0
     assert c["prefill_tokens"] > 0 or c["prefill_attention_pairs"] > 0
     fit = cost.info["fit"]
@@ -438,13 +439,13 @@ def test_calibrate_on_the_embedded_model_gives_a_sane_fit(llm):
     long_prefill = cost.step_time_s(StepFeatures(prefill_tokens=256, prefill_seqs=1, prefill_attention_pairs=32896))
     one_decode = cost.step_time_s(StepFeatures(decode_seqs=1, decode_context_tokens=64, decode_padded_kv_tokens=64))
     assert long_prefill > one_decode > 0
-    assert cost.info["engine"] == SimConfig.from_engine(llm).to_dict()
+    assert cost.info["engine"] == SchedulerConfig.from_engine(llm).to_dict()
     assert cost.info["engine"]["max_num_batched_tokens"] == 256
     assert "schedule" not in vars(llm.engine.scheduler)  # the wrapper is gone
     assert not llm.engine.has_unfinished_requests()
     # The calibrated model drives the simulator.
     requests = make_requests(poisson_arrivals(20, 5, seed=0), 64, 8)
-    assert sim.simulate(requests, cost, SimConfig.from_engine(llm)).summary()["ok"] == 20
+    assert sim.simulate(requests, cost, SchedulerConfig.from_engine(llm)).summary()["ok"] == 20
 
 
 def test_calibrate_refuses_a_busy_engine(llm):
@@ -516,4 +517,4 @@ def test_plan_simulate_bad_input_exits_with_a_message(tmp_path, capsys):
 
 def test_sim_config_refuses_a_context_too_short_to_generate():
     with pytest.raises(ValueError, match="max_model_len"):
-        SimConfig(max_model_len=1)
+        SchedulerConfig(max_model_len=1)

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams, slo
-from minserve.capacity.simulator import SimConfig, SimRequest, Simulator, StepCostModel, make_requests
+from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel, make_requests
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.outputs import RequestMetrics
 from minserve.engine.policies import Policy
@@ -72,7 +72,7 @@ def _order(policy: Policy, seqs: list[Sequence]) -> list[str]:
 def _steps_in_scheduler(output_lengths: list[int], batch_size: int, policy: str) -> float:
     """The real scheduler's step count: every request at once, 4-token prompts, an ample budget and memory."""
     requests = [SimRequest(0.0, (1, 2, 3, 4), n, request_id=str(i)) for i, n in enumerate(output_lengths)]
-    config = SimConfig(max_num_seqs=batch_size, max_num_batched_tokens=4096, num_kv_blocks=4096,
+    config = SchedulerConfig(max_num_seqs=batch_size, max_num_batched_tokens=4096, num_kv_blocks=4096,
                        scheduling_policy=policy, enable_prefix_caching=False)  # fmt: skip
     return Simulator(ONE_SECOND_PER_STEP, config).run(requests).end_s
 
@@ -186,7 +186,7 @@ INTERACTIVE = slo.SLO(name="interactive", ttft_s=0.5, tpot_s=0.05)
 
 
 def _goodput(policy, requests) -> float:
-    result = Simulator(CPU_COST, SimConfig(**GOODPUT_CONFIG, scheduling_policy=policy)).run(requests)
+    result = Simulator(CPU_COST, SchedulerConfig(**GOODPUT_CONFIG, scheduling_policy=policy)).run(requests)
     assert len(result.requests) == len(requests) and all(r.finish_reason == "length" for r in result.requests)
     return slo.goodput_rps(result.records, INTERACTIVE)
 
@@ -207,7 +207,7 @@ def _long_request_finish_step(policy: Policy, stream_steps: int = 400, long_arri
     comes at (the simulator's clock counts steps)."""
     requests = [SimRequest(k / 3, tuple(range(1, 9)), 2, request_id=f"short{k}") for k in range(3 * stream_steps)]
     requests.append(SimRequest(float(long_arrives), tuple(range(1, 65)), 2, request_id="long"))
-    config = SimConfig(max_num_seqs=4, max_num_batched_tokens=24, num_kv_blocks=256, block_size=8,
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, num_kv_blocks=256, block_size=8,
                        scheduling_policy=policy)  # fmt: skip
     result = Simulator(ONE_SECOND_PER_STEP, config).run(requests)
     (long,) = [r for r in result.requests if r.request_id == "long"]

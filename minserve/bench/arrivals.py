@@ -8,17 +8,18 @@ when the server is slow, and its percentiles hide the stall).
 *Closed loop* models a fixed pool of ``concurrency`` users, each sending its next request when the last one
 finished. It measures a server at a given load, not a service at a given demand.
 
-Times are offsets in seconds from the start of the run.
+Times are offsets in seconds from the start of the run. The arrival processes themselves live in
+:mod:`minserve.workload`, shared with the simulator, so a load test and a simulation of the same workload
+send the same requests at the same times.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
+from minserve.workload import ARRIVALS, parse_rates, timetable
 
-ARRIVALS: tuple[str, ...] = ("poisson", "gamma", "constant")
+__all__ = ["ARRIVALS", "ClosedLoop", "OpenLoop", "parse_concurrencies", "parse_rates", "timetable"]
 
 
 @dataclass(frozen=True)
@@ -62,38 +63,6 @@ class ClosedLoop:
     @property
     def label(self) -> str:
         return f"concurrency={self.concurrency}"
-
-
-def inter_arrival_gaps(
-    num_gaps: int, rate_rps: float, process: str = "poisson", burstiness: float = 1.0, seed: int = 0
-) -> np.ndarray:
-    """``num_gaps`` gaps between sends, in seconds, with mean 1/rate.
-
-    Gamma(shape k, scale 1/(k·rate)) has mean 1/rate and coefficient of variation 1/√k; k = 1 is the
-    exponential distribution, so Poisson is the gamma process with burstiness 1.
-    """
-    if math.isinf(rate_rps):
-        return np.zeros(num_gaps)
-    mean_s = 1.0 / rate_rps
-    if process == "constant":
-        return np.full(num_gaps, mean_s)
-    shape = 1.0 if process == "poisson" else burstiness
-    return np.random.default_rng(seed).gamma(shape, mean_s / shape, size=num_gaps)
-
-
-def timetable(
-    num_requests: int, rate_rps: float, process: str = "poisson", burstiness: float = 1.0, seed: int = 0
-) -> list[float]:
-    """Intended send offsets in seconds for ``num_requests`` requests: 0, then the cumulative gaps."""
-    if num_requests <= 0:
-        return []
-    gaps = inter_arrival_gaps(num_requests - 1, rate_rps, process, burstiness, seed)
-    return [0.0, *np.cumsum(gaps).tolist()]
-
-
-def parse_rates(text: str) -> list[float]:
-    """``"1,2,4"`` → [1.0, 2.0, 4.0]; ``"inf"`` is allowed (everything at once)."""
-    return [float(part) for part in text.split(",") if part.strip()]
 
 
 def parse_concurrencies(text: str) -> list[int]:

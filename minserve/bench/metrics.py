@@ -52,13 +52,6 @@ def chunk_itl_s(results: Sequence[RequestResult]) -> list[float]:
     return [gap for r in results if r.status == "ok" for gap in slo.itl_s(r.chunk_times_s)]
 
 
-def distribution_ms(values_s: Sequence[float]) -> dict[str, float]:
-    """count, mean and p50/p90/p95/p99 of values given in seconds, reported in milliseconds."""
-    values_ms = [v * 1e3 for v in values_s]
-    row = {"count": len(values_ms), "mean": sum(values_ms) / len(values_ms) if values_ms else math.nan}
-    return row | {f"p{q:g}": slo.percentile(values_ms, q) for q in slo.DEFAULT_PERCENTILES}
-
-
 def per_request_metrics(result: RequestResult) -> dict[str, float | None]:
     """TTFT, TPOT and E2E of one request in milliseconds (``None`` where undefined)."""
     record = to_slo_record(result)
@@ -137,8 +130,8 @@ def summarize(
     }
     for metric in LATENCY_METRICS:
         values = chunk_itl_s(results) if metric == "itl" else slo.metric_values_s(records, metric)
-        summary[f"{metric}_ms"] = distribution_ms(values)
-    summary["client_lag_ms"] = distribution_ms([r.client_lag_s for r in results])
+        summary[f"{metric}_ms"] = slo.distribution_ms(values)
+    summary["client_lag_ms"] = slo.distribution_ms([r.client_lag_s for r in results])
     summary["client_cpu_s"] = run.client_cpu_s
     summary["client_cpu_util"] = run.client_cpu_s / window if window > 0 else math.nan
     if contract is not None:

@@ -1,7 +1,8 @@
 """What the load tester sends: prompts of a target length, output lengths, shared prefixes, cancellations.
 
 Everything here is seeded and deterministic: the same :class:`WorkloadSpec` gives the same requests, byte for
-byte, so two runs (or two servers) are measured on the same work.
+byte, so two runs (or two servers) are measured on the same work. The lengths are drawn by
+:func:`minserve.workload.request_lengths`, as the simulator draws them from the same specs and seed.
 
 Prompt lengths are in the server's tokens when the load tester is given the model's tokenizer: the text is
 cut to the longest run of corpus pieces that encodes to at most the target. Without one they are in *corpus
@@ -13,12 +14,15 @@ times fewer than the embedded model's BPE tokens. Either way, the server's own c
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from minserve.workload import LengthDist, parse_length, request_lengths
+
+__all__ = ["BenchRequest", "LengthDist", "WorkloadSpec", "build_requests", "parse_length"]
 
 # A few lines of ordinary Python: prompts built from them look like the code the embedded model was trained on.
 CORPUS_LINES: tuple[str, ...] = (
@@ -57,53 +61,6 @@ CORPUS_LINES: tuple[str, ...] = (
 )
 
 _PIECE = re.compile(r"\s*\S+")  # one piece = optional whitespace + a run of non-space characters
-
-
-@dataclass(frozen=True)
-class LengthDist:
-    """A distribution of lengths in tokens: ``fixed``, ``uniform`` or ``lognormal``, clipped to [1, max_len].
-
-    ``mean`` and ``spread`` are in tokens. ``uniform`` draws integers in [mean − spread, mean + spread];
-    ``lognormal`` has the stated mean and standard deviation ``spread`` (before clipping and rounding);
-    ``fixed`` ignores ``spread``.
-    """
-
-    kind: str = "fixed"
-    mean: float = 128
-    spread: float = 0.0
-    max_len: int = 1 << 20
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("fixed", "uniform", "lognormal"):
-            raise ValueError(f"length distribution must be fixed, uniform or lognormal, got {self.kind!r}")
-        if self.mean < 1 or self.spread < 0 or self.max_len < 1:
-            raise ValueError(f"need mean ≥ 1, spread ≥ 0 and max ≥ 1 tokens, got {self}")
-
-    def sample(self, rng: random.Random) -> int:
-        """One length in tokens, in [1, max_len]."""
-        if self.kind == "fixed":
-            value = self.mean
-        elif self.kind == "uniform":
-            value = rng.uniform(self.mean - self.spread, self.mean + self.spread)
-        else:
-            value = rng.lognormvariate(*lognormal_params(self.mean, self.spread))
-        return min(self.max_len, max(1, round(value)))
-
-
-def lognormal_params(mean: float, std: float) -> tuple[float, float]:
-    """(μ, σ) of the normal under a lognormal with this mean and standard deviation: σ² = ln(1 + (std/mean)²)."""
-    sigma_sq = math.log1p((std / mean) ** 2)
-    return math.log(mean) - sigma_sq / 2, math.sqrt(sigma_sq)
-
-
-def parse_length(spec: str, max_len: int) -> LengthDist:
-    """``"256"`` (fixed), ``"uniform:256:128"`` (256 ± 128) or ``"lognormal:256:128"`` (mean 256, sd 128)."""
-    parts = spec.split(":")
-    if len(parts) == 1:
-        return LengthDist("fixed", float(parts[0]), 0.0, max_len)
-    if len(parts) == 3:
-        return LengthDist(parts[0], float(parts[1]), float(parts[2]), max_len)
-    raise ValueError(f"length spec {spec!r}: expected N, uniform:MEAN:SPREAD or lognormal:MEAN:SD")
 
 
 @dataclass(frozen=True)
@@ -204,14 +161,14 @@ def build_requests(spec: WorkloadSpec, count_tokens: Callable[[str], int] | None
     prefix_rng_text = random.Random(rng.random())
     prefix = sized_text(prefix_rng_text, spec.shared_prefix_len, count_tokens) if spec.shared_prefix_len else ""
     file_rows = _read_dataset(spec.dataset) if spec.dataset else None
+    lengths = request_lengths(spec.prompt_len, spec.output_len, spec.num_requests, spec.seed)  # as the simulator's
     requests = []
-    for index in range(spec.num_requests):
+    for index, (target, max_tokens) in enumerate(lengths):
         cancel = spec.cancel_after_chunks if cancel_rng.random() < spec.cancel_fraction else None
         if file_rows is not None:
             prompt, max_tokens = file_rows[index % len(file_rows)]
             requests.append(BenchRequest(index, prompt, max_tokens, cancel_after_chunks=cancel))
             continue
-        target, max_tokens = spec.prompt_len.sample(rng), spec.output_len.sample(rng)
         shares = bool(prefix) and prefix_rng.random() < spec.shared_prefix_fraction
         # A request with the prefix keeps its target length, but always has at least one token of its own.
         own_len = max(1, target - spec.shared_prefix_len) if shares else target

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from minserve.capacity.simulator import DEFAULT_TERMS, SimConfig, StepCostModel, StepFeatures, StepSample
+from minserve.capacity.cost_model import DEFAULT_TERMS, StepCostModel, StepFeatures, StepSample
+from minserve.config import SchedulerConfig
+from minserve.engine.core import StepReport
+from minserve.engine.driver import Arrival, drive
 from minserve.engine.sampling_params import SamplingParams
-from minserve.engine.scheduler import ScheduledBatch
 
 if TYPE_CHECKING:
     from minserve.engine.engine import LLMEngine
@@ -61,9 +63,8 @@ def measure_steps(
     Decodes run long on purpose: the first few decode steps after a prefill are slower than the rest (on the
     CPU, up to twice the steady cost), so a workload of short outputs would overstate decode steps. Prompts
     are seeded random token ids, so the prefix cache never hits. Sizes are clipped to what the engine holds.
-    Each step's composition is read from the scheduler's batch (its ``schedule`` is wrapped on this instance
-    for the run and restored after); the time is the whole ``engine.step()``: scheduling, the forward pass,
-    sampling and bookkeeping, which is what the next step waits for.
+    Each step's composition and time come from the engine core's step report; the time is the whole step:
+    scheduling, the forward pass, sampling and bookkeeping, which is what the next step waits for.
     """
     engine = getattr(llm, "engine", llm)
     if engine.has_unfinished_requests():
@@ -101,60 +102,36 @@ def measure_steps(
         plans.append(plan)
 
     samples: list[StepSample] = []
-    original = engine.scheduler.schedule
-    current: list[StepFeatures] = []
-
-    def schedule_and_record() -> ScheduledBatch:
-        batch = original()
-        current.append(StepFeatures.of(batch))
-        return batch
-
-    wrapped_already = "schedule" in vars(engine.scheduler)
-    engine.scheduler.schedule = schedule_and_record  # on this instance only, for this run
-    try:
-        _run_plan(engine, [(0, request(64, 8)) for _ in range(4)], [])  # warm-up, not recorded
-        for plan in plans:
-            _run_plan(engine, plan, samples, current)
-    finally:
-        if wrapped_already:
-            engine.scheduler.schedule = original
-        else:
-            del engine.scheduler.schedule  # the class's method again
+    _run_plan(engine, [(0, request(64, 8)) for _ in range(4)], [])  # warm-up, not recorded
+    for plan in plans:
+        _run_plan(engine, plan, samples)
     return samples
 
 
-def _run_plan(
-    engine: LLMEngine,
-    plan: list[tuple[int, tuple[list[int], int]]],
-    samples: list[StepSample],
-    current: list[StepFeatures] | None = None,
-) -> None:
-    """Add each planned request at its step index; step until all are done; record each non-empty step."""
-    current = current if current is not None else []
-    plan = sorted(plan, key=lambda item: item[0])
-    step, i = 0, 0
-    while i < len(plan) or engine.has_unfinished_requests():
-        while i < len(plan) and plan[i][0] <= step:
-            prompt, max_tokens = plan[i][1]
-            engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-            i += 1
-        if not engine.has_unfinished_requests():
-            step = plan[i][0]
-            continue
-        current.clear()
-        start = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - start
-        step += 1
-        if current and current[-1].num_tokens:
-            samples.append(StepSample(current[-1], elapsed))
+def _run_plan(engine: LLMEngine, plan: list[tuple[int, tuple[list[int], int]]], samples: list[StepSample]) -> None:
+    """Add each planned request at its step index and step until all are done, recording every step that ran
+    something: what it scheduled and how long the whole step took (the core reports both)."""
+
+    def record(report: StepReport) -> None:
+        features = StepFeatures.of_scheduled(report.scheduled, report.num_swapped_blocks)
+        samples.append(StepSample(features, report.step_s))
+
+    def adder(prompt: list[int], max_tokens: int):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        return lambda arrival_s: engine.add_request(prompt, params, arrival_time_s=arrival_s)
+
+    engine.core.observers.append(record)
+    try:
+        drive(engine.core, [Arrival(step, adder(*request)) for step, request in plan], by_step=True)
+    finally:
+        engine.core.observers.remove(record)
 
 
 def calibrate(llm: LLM | LLMEngine, terms: Sequence[str] | None = None, **workload: Any) -> StepCostModel:
     """Measure steps on the engine (:func:`measure_steps`, ``workload`` its arguments) and fit a
     :class:`StepCostModel`. ``terms`` default to the backend's: padded decode reads for the torch reference,
     per-sequence reads for the Triton kernels. ``info`` records the engine (model, device, dtype, backend,
-    threads and its :class:`SimConfig`), so a cost file says what it is a model of.
+    threads and its :class:`SchedulerConfig`), so a cost file says what it is a model of.
 
     The defaults take about 10 s on a 2-core CPU with the embedded model (plus loading it).
     """
@@ -172,7 +149,7 @@ def calibrate(llm: LLM | LLMEngine, terms: Sequence[str] | None = None, **worklo
         "dtype": str(engine.dtype).removeprefix("torch."),
         "backend": backend,
         "threads": torch.get_num_threads() if engine.device.type == "cpu" else None,
-        "engine": SimConfig.from_engine(engine).to_dict(),
+        "engine": SchedulerConfig.from_engine(engine).to_dict(),
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "measure_s": time.perf_counter() - start,
     }

@@ -20,7 +20,10 @@ from minserve.capacity import roofline
 from minserve.capacity.kv import DTYPE_BYTES, dtype_bytes, kv_bytes_per_token, model_config
 from minserve.capacity.memory import estimate_params, fit
 from minserve.capacity.presets import MODEL_PRESETS
+from minserve.config import EngineConfig
+from minserve.flags import ENGINE_SCHEDULING, add_config_flags, config_options
 from minserve.model.config import ModelConfig
+from minserve.workload import parse_rates
 
 
 def add_plan_command(commands: argparse._SubParsersAction) -> None:
@@ -56,40 +59,15 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
     _add_simulate(kinds)
 
 
-POLICY_NAMES = "fcfs, priority, spf (shortest prompt first, aged) or static"
-
-
 def _add_engine_options(parser: argparse.ArgumentParser, defaults_from: str) -> None:
-    """The engine's scheduling knobs (``None`` where the default comes from ``defaults_from``)."""
+    """The engine's scheduling knobs, unset (``None``) where not given: the default comes from ``defaults_from``."""
     group = parser.add_argument_group(f"engine (default: {defaults_from})")
-    group.add_argument("--max-num-seqs", type=int, default=None)
-    group.add_argument("--max-num-batched-tokens", type=int, default=None)
-    group.add_argument("--block-size", type=int, default=None)
-    group.add_argument("--num-kv-blocks", type=int, default=None)
-    group.add_argument("--max-model-len", type=int, default=None)
-    group.add_argument("--scheduling-policy", default=None, help=POLICY_NAMES)
-    group.add_argument("--preemption-mode", default=None, choices=["recompute", "swap"])
-    group.add_argument("--no-chunked-prefill", action="store_true")
-    group.add_argument("--no-prefix-caching", action="store_true")
+    add_config_flags(group, EngineConfig, ENGINE_SCHEDULING, unset=True)
 
 
 def _engine_options(args: argparse.Namespace) -> dict:
     """The knobs given on the command line, under :class:`~minserve.config.EngineConfig`'s names."""
-    names = (
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "block_size",
-        "num_kv_blocks",
-        "max_model_len",
-        "scheduling_policy",
-        "preemption_mode",
-    )
-    options = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    if args.no_chunked_prefill:
-        options["enable_chunked_prefill"] = False
-    if args.no_prefix_caching:
-        options["enable_prefix_caching"] = False
-    return options
+    return config_options(args, EngineConfig, ENGINE_SCHEDULING)
 
 
 def _add_calibrate(kinds: argparse._SubParsersAction) -> None:
@@ -166,23 +144,18 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
     step costed by the model in --cost. Prints TTFT, TPOT, ITL and E2E percentiles, throughput, and goodput
     under an SLO when one is given. The engine's knobs default to those the cost file was calibrated with."""
     from minserve import slo
-    from minserve.capacity.simulator import (
-        SimConfig,
-        Simulator,
-        StepCostModel,
-        make_requests,
-        poisson_arrivals,
-        sample_lengths,
-    )
+    from minserve.capacity.simulator import SchedulerConfig, Simulator, StepCostModel, make_requests
+    from minserve.workload import parse_length, poisson_arrivals, request_lengths
 
     if args.num_prompts < 1:
         raise ValueError(f"--num-prompts must be ≥ 1, got {args.num_prompts}")
     rates = parse_rates(args.rates)
     cost = StepCostModel.load(args.cost)
-    config = SimConfig.from_dict(cost.info.get("engine", {}), **_engine_options(args))
+    config = SchedulerConfig.from_dict(cost.info.get("engine", {}), **_engine_options(args))
     limit = config.max_model_len - 1 if config.max_model_len else 1 << 20
-    prompts = sample_lengths(args.prompt_len, args.num_prompts, args.seed, limit)
-    outputs = sample_lengths(args.output_len, args.num_prompts, args.seed + 1)
+    lengths = request_lengths(parse_length(args.prompt_len, limit), parse_length(args.output_len), args.num_prompts,
+                              args.seed)  # fmt: skip
+    prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
     target = None
     if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
         target = slo.SLO("cli", ttft_s=_seconds(args.slo_ttft_ms), tpot_s=_seconds(args.slo_tpot_ms))
@@ -225,17 +198,6 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
-
-
-def parse_rates(text: str) -> list[float]:
-    """``"1,2.5,inf"`` → ``[1.0, 2.5, inf]``; every rate positive."""
-    try:
-        rates = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--rates must be comma-separated numbers (or inf), got {text!r}") from None
-    if not rates or any(not rate > 0 or math.isnan(rate) for rate in rates):
-        raise ValueError(f"--rates must list positive requests/s, got {text!r}")
-    return rates
 
 
 def _seconds(milliseconds: float | None) -> float | None:
@@ -335,4 +297,4 @@ def _si(value: float) -> str:
     return f"{value:.3g} "
 
 
-__all__ = ["add_plan_command", "format_roofline_plan", "parse_batches", "parse_rates", "resolve_model"]
+__all__ = ["add_plan_command", "format_roofline_plan", "parse_batches", "resolve_model"]

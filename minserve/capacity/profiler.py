@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from minserve.capacity.kv import blocks_per_sequence
 from minserve.capacity.roofline import Hardware, Prediction, measure_this_machine, predict_decode, predict_prefill
+from minserve.engine.core import StepReport
 from minserve.engine.engine import LLMEngine
 from minserve.engine.sampling_params import SamplingParams
 
@@ -260,11 +261,17 @@ def _time_decode(
     params = SamplingParams(max_tokens=engine.max_model_len - context, temperature=0.0, ignore_eos=True)
     ids = [engine.add_request(prompts.fresh(context), params) for _ in range(batch)]
     seqs = [engine.requests[i] for i in ids]
+    times, forwards, contexts = [], [], []
+
+    def record(report: StepReport) -> None:  # the forward pass alone, as the engine core timed it
+        if all(s.state == "decode" for s in report.scheduled):
+            forwards.append(report.duration_s)
+
     try:
         while any(not seq.output_token_ids for seq in seqs):  # prefill (chunked, staggered): untimed
             engine.step()
         engine.step()  # one untimed decode step for the new batch shape
-        times, forwards, contexts = [], [], []
+        engine.core.observers.append(record)
         for _ in range(steps):
             _require_pure_decode(engine, seqs)
             contexts.append(sum(seq.num_tokens for seq in seqs) / batch)  # keys each new token attends to
@@ -272,10 +279,9 @@ def _time_decode(
                 start_s = time.perf_counter()
                 engine.step()
                 times.append(time.perf_counter() - start_s)
-            last = engine.tracer.events[-1] if engine.tracer.enabled and engine.tracer.events else None
-            if last is not None and last.name == "decode":
-                forwards.append(last.duration_s)
     finally:
+        if record in engine.core.observers:
+            engine.core.observers.remove(record)
         for request_id in ids:
             engine.abort_request(request_id)
         engine.process_aborts()

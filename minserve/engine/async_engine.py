@@ -1,7 +1,7 @@
 """The engine for a server: the engine core steps in its own process; asyncio code awaits each request's outputs.
 
     engine = AsyncLLMEngine(EngineConfig(model="minserve-tiny"))
-    async for output in engine.generate("def fib(n):", SamplingParams(max_tokens=16), request_id="r1"):
+    async for output in engine.add_request("def fib(n):", SamplingParams(max_tokens=16), request_id="r1"):
         print(output.delta_text, end="")
 
 Three parts, and the two sides never wait on each other:
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from minserve.config import EngineConfig
-from minserve.engine.core_process import EngineInfo, OutputDelta, run_engine_core
+from minserve.engine.core_process import AddRequest, EngineInfo, OutputDelta, run_engine_core
 from minserve.engine.engine import EngineStats, Prompt
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.outputs import RequestMetrics, RequestOutput
@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine core is not serving (restarting after a failure, or shut down): the request was refused."""
+
+
+class QueueFullError(RuntimeError):
+    """The request is sound, but ``max_waiting`` requests are already waiting: refused, nothing changed."""
 
 
 class OutputCollector:
@@ -194,49 +198,37 @@ class AsyncLLMEngine:
         prompt_token_ids: list[int] | None = None,
         arrival_time_s: float | None = None,
         priority: int = 0,
+        deadline_s: float | None = None,
+        max_waiting: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request now and return the stream of its outputs. Leaving the stream early cancels it.
 
         Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`) the
-        moment this returns, so a server that checks its queue limit and then calls this, with no ``await``
-        between, holds the limit under any concurrency. A request the engine refuses raises ``ValueError``;
-        a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
-        (``time.perf_counter``) defaults to now; a server passes when the request came in.
+        moment this returns, so the queue limit ``max_waiting``, checked here after the request itself, holds
+        under any concurrency (:class:`QueueFullError` past it). A request the engine refuses raises
+        ``ValueError``; a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
+        (``time.perf_counter``) defaults to now; a server passes when the request came in. ``deadline_s``:
+        seconds after arrival past which the core stops the request (``finish_reason="deadline"``).
         """
         if self._state != "ok":
             raise EngineDeadError(self._why_not_serving())
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         ids = prompt_token_ids if prompt_token_ids is not None else self.inputs.encode(prompt)
-        self.inputs.check_fits(ids, params)
+        self.inputs.check_fits(ids, params, strict=True)  # a server's rule: no silent cut at the context's end
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
+        if max_waiting is not None and self.stats().num_waiting >= max_waiting:
+            raise QueueFullError(f"{max_waiting} requests are waiting already; retry later")
         state = _RequestState(
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
         self._requests[request_id] = state
         try:
-            self._send(("add", request_id, prompt, params, ids, arrival_s, priority))
+            self._send(("add", AddRequest(request_id, prompt, params, ids, arrival_s, priority, deadline_s)))
         except EngineDeadError:
             self._requests.pop(request_id, None)
             raise
         return self._outputs(request_id, state)
-
-    async def generate(
-        self,
-        prompt: Prompt,
-        params: SamplingParams,
-        request_id: str,
-        prompt_token_ids: list[int] | None = None,
-        arrival_time_s: float | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[RequestOutput]:
-        """Queue a request and yield its outputs as steps produce them (:meth:`add_request`, iterated)."""
-        outputs = self.add_request(prompt, params, request_id, prompt_token_ids, arrival_time_s, priority)
-        try:
-            async for output in outputs:
-                yield output
-        finally:
-            await outputs.aclose()
 
     async def _outputs(self, request_id: str, state: _RequestState) -> AsyncIterator[RequestOutput]:
         finished = False

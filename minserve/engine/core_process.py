@@ -7,7 +7,7 @@ time halved the engine's throughput. vLLM moved its engine core into its own pro
 
 The protocol is a few tuples over a ``multiprocessing`` pipe. To the core:
 
-* ``("add", request_id, prompt, params, prompt_token_ids, arrival_time_s, priority)``
+* ``("add", AddRequest)``
 * ``("abort", request_id)``
 * ``("trace",)`` – send back every trace event recorded so far
 * ``("shutdown", trace_path_or_None)``
@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection
 from minserve.config import EngineConfig
 from minserve.engine.engine import EngineStats, LLMEngine
 from minserve.engine.outputs import RequestMetrics, RequestOutput
+from minserve.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,20 @@ class EngineInfo:
     max_model_len: int
     kv_capacity_tokens: int
     stats: EngineStats
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """A request for the core, checked and tokenized by the front end. ``deadline_s``: seconds after arrival
+    past which the core stops it (the server's request timeout)."""
+
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    arrival_time_s: float
+    priority: int = 0
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,11 +121,13 @@ def _handle(engine: LLMEngine, conn: Connection, message: tuple) -> bool:
     """Carry out one command; ``False`` means stop."""
     kind = message[0]
     if kind == "add":
-        _, request_id, prompt, params, prompt_token_ids, arrival_time_s, priority = message
+        r: AddRequest = message[1]
         try:
-            engine.add_request(prompt, params, request_id, arrival_time_s, prompt_token_ids, priority)
+            engine.add_request(
+                r.prompt, r.params, r.request_id, r.arrival_time_s, r.prompt_token_ids, r.priority, r.deadline_s
+            )
         except ValueError as error:
-            conn.send(("rejected", request_id, str(error)))
+            conn.send(("rejected", r.request_id, str(error)))
     elif kind == "abort":
         engine.abort_request(message[1])
     elif kind == "trace":

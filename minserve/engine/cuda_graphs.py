@@ -61,12 +61,10 @@ class DecodeGraphs:
 
     def _metadata(self, size: int) -> AttentionMetadata:
         """Metadata over the static buffers, with its device tensors already built (no copy while capturing)."""
-        meta = AttentionMetadata([1] * size, [1] * size, self.slot_mapping[:size], self.block_tables[:size])
         ones = self.query_starts[1 : size + 1] - self.query_starts[:size]  # a static tensor of ones
-        meta.__dict__["_device_tensors"] = StepTensors(
-            self.query_starts[: size + 1], ones, self.context_lens[:size], 1, self.max_model_len, True
-        )
-        return meta
+        starts, context_lens = self.query_starts[: size + 1], self.context_lens[:size]
+        tensors = StepTensors(starts, ones, context_lens, 1, self.max_model_len, True)
+        return AttentionMetadata([1] * size, [1] * size, self.slot_mapping[:size], self.block_tables[:size], tensors)
 
     @torch.inference_mode()
     def _capture_all(self) -> None:

@@ -53,34 +53,38 @@ class InputProcessor:
             raise ValueError(f"{where}: the prompt is empty")
         return ids
 
-    def check_context(self, prompt_token_ids: list[int], max_tokens: int) -> None:
-        """Refuse a request whose prompt plus ``max_tokens`` exceeds the context, as vLLM's server does.
+    def check_fits(self, prompt_token_ids: list[int], params: SamplingParams, strict: bool = False) -> None:
+        """Refuse a request that could never run: too long for the context, or for the whole KV cache.
 
+        ``strict`` also refuses a prompt plus ``max_tokens`` beyond the context, as vLLM's server does.
         Offline, the engine instead stops such a request at the end of the context (``"length"``); a server
         says so up front, so a client is never surprised by a shorter answer than it asked for.
         """
         n = len(prompt_token_ids)
-        if n + max_tokens > self.max_model_len:
+        check_fits(n, params.max_tokens, self.max_model_len, self.kv_capacity_tokens)
+        if strict and n + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"max_tokens: the context holds {self.max_model_len} tokens and the prompt takes {n}, so "
-                f"max_tokens can be at most {max(self.max_model_len - n, 0)}; you asked for {max_tokens}"
+                f"max_tokens can be at most {self.max_model_len - n}; you asked for {params.max_tokens}"
             )
 
-    def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Refuse a request that could never run: too long for the context, or for the whole KV cache."""
-        n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt: {n} tokens leave no room to generate within the context of {self.max_model_len} "
-                "tokens; shorten the prompt"
-            )
-        needed = min(n + params.max_tokens, self.max_model_len)
-        if needed > self.kv_capacity_tokens:
-            raise ValueError(
-                f"max_tokens: prompt ({n}) + max_tokens ({params.max_tokens}) = {needed} tokens is more than the "
-                f"whole KV cache holds ({self.kv_capacity_tokens} tokens); lower max_tokens or give the cache more "
-                "memory"
-            )
+
+def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int | None, kv_capacity_tokens: int) -> None:
+    """The rule the engine core, the simulator and the server's front end all refuse by: a prompt that leaves
+    no room to generate within the context (``None``: no limit), or a request bigger than the whole KV cache
+    (``min(prompt + max_tokens, context)`` tokens, since a request stops at the end of the context)."""
+    n = num_prompt_tokens
+    if max_model_len is not None and n >= max_model_len:
+        raise ValueError(
+            f"prompt: {n} tokens leave no room to generate within the context (max_model_len) of {max_model_len} "
+            "tokens; shorten the prompt"
+        )
+    needed = n + max_tokens if max_model_len is None else min(n + max_tokens, max_model_len)
+    if needed > kv_capacity_tokens:
+        raise ValueError(
+            f"max_tokens: prompt ({n}) + max_tokens ({max_tokens}) = {needed} tokens is more than the whole KV "
+            f"cache holds ({kv_capacity_tokens} tokens); lower max_tokens or give the cache more memory"
+        )
 
 
 def unicode_problem(text: str) -> str | None:

@@ -40,19 +40,20 @@ class ModelRunner:
         return sum(cache.numel() * cache.element_size() for cache in self.kv_caches)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[Sample | SamplingError | None]:
-        """One forward over the batch: a sample per sequence, None where a prompt is unfinished, or the
-        :class:`SamplingError` of a row that could not be sampled (that request fails; the others go on)."""
+    def execute(self, batch: ScheduledBatch) -> list[list[Sample] | SamplingError | None]:
+        """The engine core's executor: one forward over the batch. Per sequence, the tokens it produced (one,
+        sampled from its last row), None where a prompt is unfinished, or the :class:`SamplingError` of a row
+        that could not be sampled (that request fails; the others go on)."""
         input_ids, positions, meta = self.prepare(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
-        ends = [seq.completes_with(n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        ends = batch.samples
         last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
         sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
         tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])
-        return [next(tokens) if end else None for end in ends]
+        return [_as_tokens(next(tokens)) if end else None for end in ends]
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Copy KV blocks device → host (``(device, host)`` pairs), then host → device (``(host, device)``)."""
@@ -101,3 +102,7 @@ def last_token_rows(query_lens: list[int]) -> list[int]:
         total += n
         ends.append(total - 1)
     return ends
+
+
+def _as_tokens(result: Sample | SamplingError) -> list[Sample] | SamplingError:
+    return result if isinstance(result, SamplingError) else [result]

@@ -85,6 +85,7 @@ class RequestOutput:
     logprobs: list[float] | None = None  # of each chosen token, when SamplingParams.logprobs is set
     top_logprobs: list[dict[int, float]] | None = None  # per token, when SamplingParams.top_logprobs > 0
     error: str | None = None  # with finish_reason "error": a short description, for the caller
+    num_preemptions: int = 0  # times the scheduler preempted it so far
 
     @property
     def finished(self) -> bool:

@@ -13,13 +13,7 @@ over the budget per step): the step that carries it takes as long as the whole p
 decode waits that long for its next token.
 
 When a running sequence needs a new block and none is free, the running sequence the policy ranks last is
-*preempted*, in one of two ways (``preemption_mode``):
-
-* ``recompute``: its blocks are released and it goes back to waiting, to be recomputed from its prompt and
-  the tokens it already produced (nothing it produced is lost). Prefix caching often makes that cheap;
-* ``swap``: its KV blocks are copied to host memory and released; it is *swapped* until blocks are free,
-  then copied back and carries on where it stopped. It costs copies over the host link instead of compute.
-  When host memory is full too, it falls back to recompute.
+*preempted*, by recompute or by swap (:mod:`minserve.engine.preemption`, ``preemption_mode``).
 
 Swapped sequences come back before waiting ones are admitted. The copies a step needs are listed in its
 batch (``swap_out``, ``swap_in``); the model runner makes them before the forward pass.
@@ -34,9 +28,10 @@ from dataclasses import dataclass, field
 
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.policies import Policy, make_policy
+from minserve.engine.preemption import PREEMPTION_MODES, Preemption, make_preemption
 from minserve.engine.sequence import Sequence, SequenceStatus
 
-PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
+__all__ = ["PREEMPTION_MODES", "ScheduledBatch", "Scheduler"]
 
 
 @dataclass
@@ -49,6 +44,14 @@ class ScheduledBatch:
     admitted: list[Sequence] = field(default_factory=list)  # went from waiting (or swapped) to running
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host block) to copy
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host block, device block) to copy
+    # Per sequence: whether this step computes all it has, so the step samples its next token. Decided
+    # here, once, for the executor (which rows to sample) and the core (which sequences get a token).
+    samples: list[bool] = field(default_factory=list)
+
+    def add(self, seq: Sequence, num_new: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new)
+        self.samples.append(seq.completes_with(num_new))
 
     @property
     def num_tokens(self) -> int:
@@ -66,16 +69,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: str | Policy = "fcfs",
         enable_chunked_prefill: bool = True,
-        preemption_mode: str = "recompute",
+        preemption_mode: str | Preemption = "recompute",
     ) -> None:
-        if preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = make_policy(policy)
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.preemption_mode = preemption_mode
+        self.preemption = make_preemption(preemption_mode)
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
@@ -118,8 +119,7 @@ class Scheduler:
                     break
             else:
                 self.block_manager.allocate(seq, num_new)
-                batch.seqs.append(seq)
-                batch.num_new_tokens.append(num_new)
+                batch.add(seq, num_new)
                 budget -= num_new
         return budget
 
@@ -161,8 +161,7 @@ class Scheduler:
         self.block_manager.allocate(seq, num_new)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        batch.seqs.append(seq)
-        batch.num_new_tokens.append(num_new)
+        batch.add(seq, num_new)
         batch.admitted.append(seq)
 
     def _revived(self, cached: list[int]) -> int:
@@ -174,20 +173,15 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         batch.preempted.append(seq)
-        if self.preemption_mode == "swap" and self.block_manager.can_swap_out(seq):
-            batch.swap_out += self.block_manager.swap_out(seq)
-            seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(seq)
-            return
-        self.block_manager.free(seq)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)  # where it waits is the policy's key, not its place in the list
+        seq.status = self.preemption.preempt(seq, self.block_manager, batch)
+        # Where it waits is the policy's key, not its place in the list.
+        (self.swapped if seq.status is SequenceStatus.SWAPPED else self.waiting).append(seq)
 
     def complete(self, seq: Sequence, num_new_tokens: int) -> bool:
         """After a step ran ``num_new_tokens`` of ``seq``: they are computed, and any block they filled is named
         for the prefix cache. True when the step sampled a token for it (its known tokens are all computed).
 
-        The engine, the simulator and the tests' stand-in all do a step's bookkeeping through this.
+        The engine core and the tests' stand-in do a step's bookkeeping through this.
         """
         samples = seq.completes_with(num_new_tokens)
         seq.num_computed_tokens += num_new_tokens

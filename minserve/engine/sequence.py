@@ -74,9 +74,5 @@ class Sequence:
         return self.num_computed_tokens + num_new_tokens == self.num_tokens
 
     @property
-    def is_prefill(self) -> bool:
-        return self.num_uncomputed_tokens > 1
-
-    @property
     def finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED

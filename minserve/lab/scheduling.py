@@ -38,23 +38,22 @@ from plotly.subplots import make_subplots
 
 from minserve import slo
 from minserve.capacity.simulator import (
-    SimConfig,
+    SchedulerConfig,
     SimRequest,
     SimResult,
     SimulatedRequest,
     Simulator,
     StepCostModel,
     make_requests,
-    poisson_arrivals,
-    summarize,
 )
+from minserve.engine.core import StepReport
+from minserve.engine.driver import Arrival, drive
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.policies import Policy, ShortestPromptFirst
 from minserve.engine.sampling_params import SamplingParams
-from minserve.engine.scheduler import ScheduledBatch
-from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.lab.theme import COLORWAY, SLO_COLOR, register_course_theme
 from minserve.trace import TraceEvent
+from minserve.workload import poisson_arrivals
 
 if TYPE_CHECKING:
     from minserve.engine.llm import LLM
@@ -130,8 +129,8 @@ class EngineRun:
         ]
 
     def summary(self, slo_target: slo.SLO | None = None) -> dict[str, float]:
-        """:func:`minserve.capacity.simulator.summarize` of the run, plus its steps: what a simulation reports."""
-        return summarize(self.records, slo_target) | {"steps": len(self.steps), "wall_s": self.wall_s}
+        """:func:`minserve.slo.summarize` of the run, plus its steps: what a simulation reports."""
+        return slo.summarize(self.records, slo_target) | {"steps": len(self.steps), "wall_s": self.wall_s}
 
     def ttft_steps(self, request_id: str) -> int:
         """Steps from the request's arrival to the step that gave its first token (1: the very next step)."""
@@ -186,63 +185,24 @@ def _request_id(request: SimRequest, index: int) -> str:
     return request.request_id if request.request_id is not None else str(index)
 
 
-def _state_of(seq: EngineSequence, num_new: int) -> str:
-    """What a scheduled sequence does this step (read before the step advances it)."""
-    if seq.output_token_ids and num_new == 1 and seq.num_uncomputed_tokens == 1:
-        return "decode"
-    if seq.output_token_ids:  # it has produced tokens, yet runs more than one: recomputing after a preemption
-        return "recompute"
-    return "prefill"
-
-
-class _Recorder:
-    """Wraps one scheduler's ``schedule`` and writes down each batch before the step runs it."""
-
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
-        self.original = scheduler.schedule
-        self.last: dict[str, Any] | None = None
-
-    def __enter__(self) -> _Recorder:
-        self.wrapped_already = "schedule" in vars(self.scheduler)
-        self.scheduler.schedule = self._schedule
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.wrapped_already:
-            self.scheduler.schedule = self.original
-        else:
-            del self.scheduler.schedule  # the class's method again
-
-    def _schedule(self) -> ScheduledBatch:
-        batch = self.original()
-        states: dict[str, tuple[str, int]] = {}
-        prefill_tokens = decode_seqs = 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            state = _state_of(seq, n)
-            states[seq.request_id] = (state, n)
-            if state == "decode":
-                decode_seqs += 1
-            else:
-                prefill_tokens += n
-        for seq in self.scheduler.waiting:
-            states.setdefault(seq.request_id, ("waiting", 0))
-        for seq in self.scheduler.swapped:
-            states.setdefault(seq.request_id, ("swapped", 0))
-        self.last = {
-            "tokens": batch.num_tokens,
-            "seqs": len(batch.seqs),
-            "prefill_tokens": prefill_tokens,
-            "decode_seqs": decode_seqs,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "swapped": len(self.scheduler.swapped),
-            "preempted": [seq.request_id for seq in batch.preempted],
-            "admitted": len(batch.admitted),
-            "swapped_blocks": len(batch.swap_out) + len(batch.swap_in),
-            "states": states,
-        }
-        return batch
+def _step_row(report: StepReport, step: int, origin_s: float) -> dict[str, Any]:
+    """One row of the steps table, from the engine core's report of the step."""
+    decode_seqs = sum(1 for s in report.scheduled if s.state == "decode")
+    return {
+        "step": step,
+        "start_s": report.began_s - origin_s,
+        "duration_s": report.step_s,
+        "tokens": report.num_tokens,
+        "seqs": len(report.scheduled),
+        "prefill_tokens": sum(s.num_new_tokens for s in report.scheduled if s.state != "decode"),
+        "decode_seqs": decode_seqs,
+        "running": report.num_running,
+        "waiting": len(report.waiting),
+        "swapped": len(report.swapped),
+        "preempted": len(report.preempted),
+        "admitted": len(report.admitted),
+        "swapped_blocks": report.num_swapped_blocks,
+    }
 
 
 def run_engine(
@@ -258,7 +218,8 @@ def run_engine(
     ``arrival_s`` (stamped with that time, so a request that arrives during a step waits for it, as a client's
     would), and the loop sleeps while nothing is in flight: an open-loop load test in one process. With
     ``at_steps``, request ``i`` is added once ``at_steps[i]`` steps have run (0: before the first), whatever the
-    time: step-exact experiments that come out the same on every machine.
+    time: step-exact experiments that come out the same on every machine. Both are
+    :func:`minserve.engine.driver.drive`; the steps are recorded from the engine core's step reports.
 
     Each request asks for exactly ``output_tokens`` tokens (``ignore_eos``), greedy unless ``temperature``
     says otherwise; its ``priority`` and ``deadline_s`` go to the engine. The engine must be idle.
@@ -273,70 +234,45 @@ def run_engine(
     ids = [_request_id(r, i) for i, r in enumerate(requests)]
     if len(set(ids)) != n:
         raise ValueError("request ids must be unique")
-    due = list(at_steps) if at_steps is not None else [r.arrival_s for r in requests]
-    order = sorted(range(n), key=lambda i: due[i])  # stable: ties keep the given order
-    params = [SamplingParams(max_tokens=r.output_tokens, temperature=temperature, ignore_eos=True) for r in requests]
-    finished: dict[str, RequestOutput] = {}
+    core = engine.core
+    base_step = core.num_steps  # the engine may have run before: this run's steps count from here
     seen: dict[str, int] = {}
     token_steps: dict[str, list[int]] = {rid: [] for rid in ids}
     arrival_step: dict[str, int] = {}
     step_rows: list[dict[str, Any]] = []
     occupancy: list[tuple[int, str, str, int]] = []
     preemptions: list[tuple[int, str]] = []
-    recorder = _Recorder(engine.scheduler)
     start = time.perf_counter() + (0.0 if at_steps is not None else 0.005)
-    next_index, step = 0, 0
 
-    def add(i: int, arrival_s: float) -> None:
+    def record(report: StepReport) -> None:
+        step = report.index - base_step
+        for out in report.outputs:
+            if len(out.token_ids) > seen.get(out.request_id, 0):
+                token_steps[out.request_id].append(step)
+                seen[out.request_id] = len(out.token_ids)
+        occupancy.extend((step, s.request_id, s.state, s.num_new_tokens) for s in report.scheduled)
+        occupancy.extend((step, rid, "waiting", 0) for rid in report.waiting)
+        occupancy.extend((step, rid, "swapped", 0) for rid in report.swapped)
+        preemptions.extend((step, rid) for rid in report.preempted)
+        step_rows.append(_step_row(report, step, start))
+
+    def adder(i: int) -> Callable[[float], None]:
         r = requests[i]
-        prompt = list(r.prompt_token_ids)
-        engine.add_request(prompt, params[i], ids[i], arrival_s, prompt, r.priority, r.deadline_s)
-        arrival_step[ids[i]] = step
+        params = SamplingParams(max_tokens=r.output_tokens, temperature=temperature, ignore_eos=True)
 
-    with recorder:
-        while next_index < n or engine.has_unfinished_requests():
-            now = time.perf_counter()
-            while next_index < n and (
-                due[order[next_index]] <= step if at_steps is not None else start + due[order[next_index]] <= now
-            ):
-                i = order[next_index]
-                add(i, now if at_steps is not None else start + due[i])
-                next_index += 1
-            if not engine.has_unfinished_requests():
-                if at_steps is not None:
-                    step = max(step, int(due[order[next_index]]))  # idle: the next arrival's step
-                else:
-                    time.sleep(max(0.0, start + due[order[next_index]] - time.perf_counter()))
-                continue
-            if step >= max_steps:
-                raise RuntimeError(f"the requests did not finish within {max_steps} steps")
-            recorder.last = None
-            t0 = time.perf_counter()
-            outputs = engine.step()
-            t1 = time.perf_counter()
-            step += 1
-            for out in outputs:
-                if len(out.token_ids) > seen.get(out.request_id, 0):
-                    token_steps[out.request_id].append(step)
-                    seen[out.request_id] = len(out.token_ids)
-                if out.finished:
-                    finished[out.request_id] = out
-            info = recorder.last
-            if info is None:  # the step ended before scheduling anything (only aborts and deadlines)
-                continue
-            states = info.pop("states")
-            for rid, (state, tokens) in states.items():
-                occupancy.append((step, rid, state, tokens))
-            preemptions += [(step, rid) for rid in info["preempted"]]
-            step_rows.append(
-                {
-                    "step": step,
-                    "start_s": t0 - start,
-                    "duration_s": t1 - t0,
-                    **info,
-                    "preempted": len(info["preempted"]),
-                }
-            )
+        def add(arrival_s: float) -> None:
+            prompt = list(r.prompt_token_ids)
+            engine.add_request(prompt, params, ids[i], arrival_s, prompt, r.priority, r.deadline_s)
+            arrival_step[ids[i]] = core.num_steps - base_step
+
+        return add
+
+    due = list(at_steps) if at_steps is not None else [r.arrival_s for r in requests]
+    core.observers.append(record)
+    try:
+        finished = drive(core, [Arrival(due[i], adder(i)) for i in range(n)], start, at_steps is not None, max_steps)
+    finally:
+        core.observers.remove(record)
     wall_s = time.perf_counter() - start
     ours = set(ids)
     events = [e for e in llm.tracer.events if e.request_id in ours and e.start_s >= start - 1e-3]
@@ -642,7 +578,7 @@ def mixed_workload(
     return make_requests(arrivals, prompts.tolist(), outputs.tolist(), vocab_size=vocab_size, seed=seed)
 
 
-def capacity_rps(cost: StepCostModel, config: SimConfig, requests: Sequence[SimRequest]) -> float:
+def capacity_rps(cost: StepCostModel, config: SchedulerConfig, requests: Sequence[SimRequest]) -> float:
     """Requests per second the simulated engine finishes when every request arrives at once."""
     at_once = [SimRequest(0.0, r.prompt_token_ids, r.output_tokens, r.priority, None, r.request_id) for r in requests]
     return Simulator(cost, config).run(at_once).summary()["throughput_rps"]
@@ -660,7 +596,7 @@ def validation_table(
     measured: Mapping[str, Mapping[str, float]], simulated: Mapping[str, Mapping[str, float]]
 ) -> pd.DataFrame:
     """One row per (run, metric): ``measured``, ``simulated`` and ``sim / measured``, for the metrics in
-    :data:`COMPARED`. ``measured`` and ``simulated`` map a run's label to its :func:`summarize` dict."""
+    :data:`COMPARED`. ``measured`` and ``simulated`` map a run's label to its :func:`minserve.slo.summarize` dict."""
     rows = []
     for label, m in measured.items():
         s = simulated[label]
@@ -718,7 +654,7 @@ def class_summary(result: SimResult, long_threshold: int) -> dict[str, float]:
 
 def policy_sweep(
     cost: StepCostModel,
-    config: SimConfig,
+    config: SchedulerConfig,
     workload: Callable[[float], Sequence[SimRequest]],
     policies: Mapping[str, str | Policy],
     rates_rps: Sequence[float],
@@ -733,7 +669,7 @@ def policy_sweep(
     for rate in rates_rps:
         requests = list(workload(rate))
         for label, policy in policies.items():
-            result = Simulator(cost, SimConfig(**{**config.__dict__, "scheduling_policy": policy})).run(requests)
+            result = Simulator(cost, SchedulerConfig(**{**config.__dict__, "scheduling_policy": policy})).run(requests)
             summary = result.summary(slo_target)
             rows.append(
                 {
@@ -892,7 +828,7 @@ class Playground:
     workload's shape and size, and the SLO goodput is measured against."""
 
     cost: StepCostModel
-    config: SimConfig = field(default_factory=SimConfig)
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
     num_requests: int = 300
     workload: Mapping[str, Any] = field(default_factory=dict)  # mixed_workload's keyword arguments
     slo_target: slo.SLO = field(default_factory=lambda: slo.SLO(name="interactive", ttft_s=0.5, tpot_s=0.05))
@@ -915,7 +851,7 @@ def playground_result(
     ``error`` (``""``, or why the simulation could not run, e.g. a request bigger than the whole KV cache).
     Invariants: ``goodput_rps ≤ throughput_rps``; the same arguments give the same numbers.
     """
-    config = SimConfig(
+    config = SchedulerConfig(
         **{
             **playground.config.__dict__,
             "scheduling_policy": policy,

@@ -17,7 +17,7 @@ The KV cache of one layer is one tensor of shape ``[2, num_blocks, block_size, n
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,8 @@ class AttentionMetadata:
     context_lens: list[int]
     slot_mapping: torch.Tensor | None = None  # [num_new_tokens] int64; None: no cache (a pure forward)
     block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks_per_seq] int64
+    # Built on first use and shared by every layer of the step; a CUDA graph gives its static buffers here.
+    step_tensors: StepTensors | None = field(default=None, repr=False)
 
     @classmethod
     def without_cache(cls, query_lens: list[int]) -> AttentionMetadata:
@@ -43,11 +45,9 @@ class AttentionMetadata:
 
     def device_tensors(self, device: torch.device) -> StepTensors:
         """The per-sequence numbers as tensors on ``device``, built once per step and shared by every layer."""
-        cached = self.__dict__.get("_device_tensors")
-        if cached is None or cached.context_lens.device != device:
-            cached = StepTensors.build(self.query_lens, self.context_lens, device)
-            self.__dict__["_device_tensors"] = cached
-        return cached
+        if self.step_tensors is None or self.step_tensors.context_lens.device != device:
+            self.step_tensors = StepTensors.build(self.query_lens, self.context_lens, device)
+        return self.step_tensors
 
 
 @dataclass(frozen=True)

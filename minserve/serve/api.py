@@ -7,8 +7,8 @@ No request can stop the server. Every request is checked before it reaches the e
 OpenAI-style 4xx body naming the field (:mod:`~minserve.serve.protocol`); the key and the body's size are
 checked before it is even parsed (:mod:`~minserve.serve.guard`). Tokenizing runs in a worker thread, so a
 long prompt never holds the event loop. Admission is bounded: past ``max_waiting_requests`` queued requests
-the answer is 429 with Retry-After, at once, and the count is exact under any concurrency because checking
-the queue and joining it happen with no ``await`` between. A failure inside one request ends that request
+the answer is 429 with Retry-After, at once, and the count is exact under any concurrency because the engine's
+front end checks the queue and joins it in one synchronous call. A failure inside one request ends that request
 alone (a 500, or an error event in a stream); a core that dies is restarted by the engine's front end. A
 client that disconnects mid-stream cancels its request, freeing its KV blocks; a request past
 ``request_timeout_s`` is cancelled too. Clients never see a traceback: those go to the server's log.
@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minserve.config import ServerConfig
-from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.serve.guard import RequestGuard
@@ -103,6 +103,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     app.add_middleware(RequestGuard, config=config, refuse=refuse)
     _install_error_handlers(app, refuse)
     app.openapi = lambda: _openapi(app)
+    timeout_message = f"the request took longer than {config.request_timeout_s} s"
 
     @app.get("/health", responses={503: {"description": "the engine is not serving", "model": dict}})
     async def health():
@@ -163,44 +164,41 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         prompt, ids = await _off_the_loop(lambda: _tokenized(render()))
         if fills_context:
             params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
-        _refuse_invalid(lambda: _check_fits_and_context(ids, params))
-        # From the queue check to joining the queue: no await, so concurrent requests cannot all slip past it.
-        if engine.stats().num_waiting >= config.max_waiting_requests:
-            raise ApiError(429, "the waiting queue is full; retry later", code="queue_full")
         reply.request_id = f"cmpl-{uuid.uuid4().hex}"
         reply.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        try:
-            outputs = engine.add_request(prompt, params, reply.request_id, ids, arrival_s, body.priority)
+        try:  # checked, counted against the queue limit and queued at once; stopped by the core at the timeout
+            outputs = engine.add_request(
+                prompt, params, reply.request_id, ids, arrival_s, body.priority, config.request_timeout_s,
+                max_waiting=config.max_waiting_requests,
+            )  # fmt: skip
+        except QueueFullError as error:
+            raise ApiError(429, "the waiting queue is full; retry later", code="queue_full") from error
         except EngineDeadError as error:
             raise ApiError(503, str(error), code="engine_unavailable") from error
         except ValueError as error:
             raise ApiError(400, str(error), param=_param_of(error)) from error
         if body.stream:
             return StreamingResponse(_sse(reply, outputs), media_type="text/event-stream")
-        try:
-            final = await asyncio.wait_for(_last(outputs), timeout=config.request_timeout_s)
-        except asyncio.TimeoutError as error:  # not the builtin TimeoutError before Python 3.11
-            message = f"the request took longer than {config.request_timeout_s} s"
-            raise ApiError(504, message, code="timeout", admitted=True) from error
+        final = await _last(outputs)
+        if final.finish_reason == "deadline":
+            raise ApiError(504, timeout_message, code="timeout", admitted=True)
         if final.finish_reason == "error":
             raise ApiError(500, final.error or "the request failed in the engine", code="engine_error", admitted=True)
         return reply.body(final)
-
-    def _check_fits_and_context(ids: list[int], params: SamplingParams) -> None:
-        engine.inputs.check_fits(ids, params)  # first: a prompt too long for the context is the prompt's fault
-        engine.inputs.check_context(ids, params.max_tokens)
 
     def _tokenized(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
         return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt))
 
     async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-        deadline = time.monotonic() + config.request_timeout_s
         first = True
         try:
             async for output in outputs:
                 if output.finish_reason == "error":
                     message = output.error or "the request failed in the engine"
                     yield sse_event(error_body(message, code="engine_error", kind="server_error"))
+                    break
+                if output.finish_reason == "deadline":
+                    yield sse_event(error_body(timeout_message, code="timeout", kind="timeout"))
                     break
                 if output.delta_text or output.finished:
                     yield sse_event(reply.chunk(output, first))
@@ -209,10 +207,6 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
                     if reply.include_usage:
                         yield sse_event(reply.usage_chunk(output))
                     yield "data: [DONE]\n\n"
-                elif time.monotonic() > deadline:  # leaving the loop cancels the request in the engine
-                    message = f"the request took longer than {config.request_timeout_s} s"
-                    yield sse_event(error_body(message, code="timeout", kind="timeout"))
-                    break
         except Exception:  # the status line is sent: the stream ends with an error event, never silently
             logger.exception("stream %s failed", reply.request_id)
             yield sse_event(error_body("the stream failed on the server", code="internal_error", kind="server_error"))

@@ -140,20 +140,26 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
     index: int
-    text: str
     logprobs: dict[str, Any] | None
     finish_reason: Literal["stop", "length", "abort", "deadline", "error"] | None
 
 
-class CompletionResponse(BaseModel):
+class _Response(BaseModel):
     id: str
-    object: Literal["text_completion"]
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
 
 
 class AssistantMessage(BaseModel):
@@ -161,20 +167,13 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(_Choice):
     message: AssistantMessage
-    logprobs: dict[str, Any] | None
-    finish_reason: Literal["stop", "length", "abort", "deadline", "error"] | None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Response):
     object: Literal["chat.completion"]
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage
 
 
 def error_body(message: str, param: str | None = None, code: str | None = None, kind: str = "invalid_request_error"):
@@ -183,7 +182,10 @@ def error_body(message: str, param: str | None = None, code: str | None = None, 
 
 
 def finish_reason(output: RequestOutput) -> str | None:
-    """The engine's finish reason as OpenAI and vLLM name it: ``stop``, ``length``, ``abort`` (or ``error``)."""
+    """The engine's finish reason as OpenAI and vLLM name it: ``stop``, ``length``, ``abort`` (or ``error``).
+
+    A request stopped at its deadline (the server's timeout) was aborted by the server: ``abort``, as a
+    cancelled one."""
     if output.finish_reason is None:
         return None
-    return {"cancelled": "abort"}.get(output.finish_reason, output.finish_reason)
+    return {"cancelled": "abort", "deadline": "abort"}.get(output.finish_reason, output.finish_reason)

@@ -1,0 +1,439 @@
+"""The engine core: requests in, one ``step()`` at a time, outputs out, with no model in sight.
+
+A step admits (the scheduler decides), executes (an *executor* turns the scheduled batch into tokens),
+appends each sequence's new tokens, checks its stops, and finishes what is done. Every bookkeeping rule
+lives here, once: deadlines, stop tokens and strings, the length limit, waiting time, first-scheduled time,
+finishing, refusing what cannot fit, containing a failure to the request it happened in.
+
+Two things are plugged in, and they are the only difference between serving and simulating:
+
+* the **executor** (:class:`Executor`): the model runner, which runs the model and samples; later a
+  tensor-parallel group of workers; or, in the simulator, a cost model that only says how long the step took;
+* the **clock** (:class:`Clock`): the wall clock, or a virtual clock that the cost model moves forward.
+
+``execute`` returns a *list* of tokens per sequence (one today), so a step that accepts several tokens
+for one sequence (speculative decoding) takes the same path. Observers (calibration, the profiler, the
+lab, the simulator's step records) get a :class:`StepReport` after every step that ran something, instead
+of reaching into the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from minserve.config import SchedulerConfig
+from minserve.engine.block_manager import BlockManager
+from minserve.engine.input_processor import check_fits
+from minserve.engine.outputs import RequestOutput
+from minserve.engine.sampler import Sample, SamplingError
+from minserve.engine.scheduler import ScheduledBatch, Scheduler
+from minserve.engine.sequence import Sequence, SequenceStatus
+from minserve.trace import Tracer
+
+logger = logging.getLogger(__name__)
+
+StepResult = list[Sample] | SamplingError | None  # per sequence: its new tokens, its failure, or nothing yet
+
+
+# --- what is plugged in ---------------------------------------------------------------------------------------
+
+
+class Clock(Protocol):
+    """Seconds on a monotonic clock, and a way to let idle time pass until ``time_s``."""
+
+    def now(self) -> float: ...
+
+    def wait_until(self, time_s: float) -> None: ...
+
+
+class WallClock:
+    """``time.perf_counter``: the clock an engine serves by. Waiting sleeps."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, time_s: float) -> None:
+        time.sleep(max(0.0, time_s - time.perf_counter()))
+
+
+class VirtualClock:
+    """A clock that moves only when told: the simulator's. ``advance`` adds a step's cost; waiting jumps
+    over idle time to the next arrival at once (never backwards)."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.time_s = start_s
+
+    def now(self) -> float:
+        return self.time_s
+
+    def advance(self, seconds: float) -> None:
+        self.time_s += seconds
+
+    def wait_until(self, time_s: float) -> None:
+        self.time_s = max(self.time_s, time_s)
+
+
+class Executor(Protocol):
+    """What turns a scheduled batch into tokens.
+
+    ``execute`` returns, per sequence of the batch in order: the tokens it produced (a list; empty or None
+    while its prompt is still being prefilled), or a :class:`SamplingError` that fails that request alone.
+    It may raise, which fails every request of the batch. ``swap`` copies KV blocks to and from host memory
+    before the step (``(device, host)`` pairs out, ``(host, device)`` pairs in).
+    """
+
+    def execute(self, batch: ScheduledBatch) -> list[StepResult]: ...
+
+    def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence of a step as it was scheduled, read before the step advanced it.
+
+    ``state``: ``decode`` (its next token), ``recompute`` (more than one token of a sequence that had already
+    produced some: it was preempted), or ``prefill`` (its prompt, or a chunk of it).
+    """
+
+    request_id: str
+    num_new_tokens: int
+    num_computed_tokens: int
+    state: str
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new: int) -> ScheduledSeq:
+        if seq.output_token_ids and num_new == 1 and seq.num_uncomputed_tokens == 1:
+            state = "decode"
+        else:
+            state = "recompute" if seq.output_token_ids else "prefill"
+        return cls(seq.request_id, num_new, seq.num_computed_tokens, state)
+
+
+@dataclass
+class StepReport:
+    """What one step did, for observers. Times in seconds on the core's clock.
+
+    ``scheduled`` is the batch as scheduled (each sequence's computed tokens *before* the step); the waiting
+    and swapped ids are the queues after scheduling; ``outputs`` what the step returned.
+    """
+
+    index: int  # steps run so far by this core, this one included
+    began_s: float  # when step() was called
+    start_s: float  # after the swaps, when the executor began
+    end_s: float  # when the executor returned
+    finished_s: float  # when the step's bookkeeping was done (its outputs built)
+    scheduled: list[ScheduledSeq]
+    preempted: list[str]
+    admitted: list[str]
+    num_swapped_blocks: int
+    waiting: list[str]
+    swapped: list[str]
+    num_running: int
+    outputs: list[RequestOutput] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        """The executor's time: the forward pass and sampling, or a simulated step's cost."""
+        return self.end_s - self.start_s
+
+    @property
+    def step_s(self) -> float:
+        """The whole step's time, scheduling and bookkeeping included."""
+        return self.finished_s - self.began_s
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+StepObserver = Callable[[StepReport], None]
+
+
+@dataclass
+class EngineStats:
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_cache_bytes: int
+    prefix_cache_hit_rate: float
+    num_preemptions: int
+    num_running: int
+    num_waiting: int
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+# --- the core -------------------------------------------------------------------------------------------------
+
+
+class EngineCore:
+    """The step loop over a scheduler, a block manager, an executor and a clock.
+
+    ``stop_token_ids`` end a request (unless it asked ``ignore_eos``). A tracer records each request's life
+    (:mod:`minserve.trace`); pass a disabled one to record nothing.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        executor: Executor,
+        clock: Clock | None = None,
+        stop_token_ids: frozenset[int] = frozenset(),
+        tracer: Tracer | None = None,
+    ) -> None:
+        self.config = config
+        self.executor = executor
+        self.clock = clock or WallClock()
+        self.stop_token_ids = stop_token_ids
+        self.tracer = tracer or Tracer(enabled=False)
+        self.max_model_len = config.max_model_len  # None: no context limit (a simulation may run without one)
+        self.block_manager = BlockManager(
+            config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.host_blocks
+        )
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            policy=config.scheduling_policy,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            preemption_mode=config.preemption_mode,
+        )
+        self.requests: dict[str, Sequence] = {}
+        self.observers: list[StepObserver] = []
+        self.num_steps = 0  # steps that ran something
+        self._pending_aborts: list[str] = []
+        self._lock = threading.Lock()  # guards _pending_aborts: a server aborts from another thread
+
+    # --- requests in -----------------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence, tokenized_s: float | None = None) -> None:
+        """Queue a sequence. Refuses (``ValueError``, nothing changed) a duplicate id or one that can never fit.
+
+        ``tokenized_s``: when its prompt was tokenized, for the trace (default: now).
+        """
+        check_fits(len(seq.prompt_token_ids), seq.params.max_tokens, self.max_model_len, self.config.kv_capacity_tokens)
+        if seq.request_id in self.requests:
+            raise ValueError(f"request_id {seq.request_id!r} is already in flight")
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+        now = self.clock.now()
+        self.tracer.instant(seq.request_id, "arrival", seq.metrics.arrival_time_s, prompt_tokens=seq.num_tokens)
+        self.tracer.instant(seq.request_id, "tokenized", now if tokenized_s is None else tokenized_s)
+        self.tracer.instant(seq.request_id, "queued", now)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; it leaves, and its blocks are freed, at the start of the next step. Thread-safe."""
+        with self._lock:
+            self._pending_aborts.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending_aborts)
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; return an output for every request that produced a token or ended.
+
+        A failure is contained where it happened. A row that cannot be sampled, or a token that cannot be
+        detokenized, ends that request with ``finish_reason="error"``. An executor that raises ends the
+        requests of that batch the same way (their KV was never named for the prefix cache, so no later
+        request reads it); the core, its blocks and every other request go on.
+        """
+        began_s = self.clock.now()
+        outputs = self.process_aborts() + self._expire_deadlines(began_s)
+        batch = self.scheduler.schedule()
+        # Swap copies first, even in a step that runs nothing: the blocks a swap gave up may be reused next.
+        self.executor.swap(batch.swap_out, batch.swap_in)
+        start_s = self.clock.now()
+        self._account_waiting(batch, start_s)
+        if not batch:
+            return outputs
+        scheduled = [ScheduledSeq.of(seq, n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        try:
+            results = self.executor.execute(batch)
+        except Exception as error:
+            logger.exception("the forward pass failed; failing the %d requests of its batch", len(batch.seqs))
+            now_s = self.clock.now()
+            return outputs + [self._fail(seq, error, now_s) for seq in batch.seqs]
+        end_s = self.clock.now()
+        self.num_steps += 1
+        for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
+            self._trace_step(seq, num_new, batch.num_tokens, start_s, end_s)
+            self.scheduler.complete(seq, num_new)
+            if result:
+                outputs.append(self._take(seq, result, end_s))
+        if self.observers:
+            self._report(batch, scheduled, (began_s, start_s, end_s), outputs)
+        return outputs
+
+    def _account_waiting(self, batch: ScheduledBatch, now_s: float) -> None:
+        """Waiting time: it starts again at a preemption and ends when a request is (re)admitted."""
+        for seq in batch.preempted:
+            seq.waiting_since_s = now_s
+            mode = "swap" if seq.status is SequenceStatus.SWAPPED else "recompute"
+            self.tracer.instant(seq.request_id, "preempted", now_s, mode=mode)
+        for seq in batch.admitted:
+            seq.metrics.waiting_s += now_s - seq.waiting_since_s
+            if seq.num_preemptions:
+                self.tracer.instant(seq.request_id, "resumed", now_s)
+
+    def _take(self, seq: Sequence, result: list[Sample] | SamplingError, now_s: float) -> RequestOutput:
+        """Append a step's tokens to ``seq`` until one stops it, or fail ``seq`` alone if that fails."""
+        if isinstance(result, SamplingError):
+            return self._fail(seq, result, now_s)
+        try:
+            for sample in result:
+                reason = self._append_token(seq, sample, now_s)
+                if reason is not None:
+                    return self._finish(seq, *reason, now_s)
+            return self._output(seq)
+        except Exception as error:  # a detokenizer or stop check that breaks must not take the step down
+            logger.exception("request %s failed after sampling", seq.request_id)
+            return self._fail(seq, error, now_s)
+
+    def process_aborts(self) -> list[RequestOutput]:
+        """Finish every request cancelled since the last step, freeing its blocks now."""
+        with self._lock:
+            aborted, self._pending_aborts = self._pending_aborts, []
+        outputs = []
+        for request_id in aborted:
+            seq = self.requests.get(request_id)
+            if seq is None or seq.finished:
+                continue
+            outputs.append(self._finish(seq, "cancelled", None, self.clock.now()))
+        return outputs
+
+    def _expire_deadlines(self, now_s: float) -> list[RequestOutput]:
+        """Stop every request whose deadline has passed, waiting or running."""
+        late = [seq for seq in self.requests.values() if seq.deadline_s is not None and now_s > seq.deadline_s]
+        return [self._finish(seq, "deadline", None, now_s) for seq in late]
+
+    # --- one token, one stop, one finish ----------------------------------------------------------------------
+
+    def _append_token(self, seq: Sequence, sample: Sample, now_s: float) -> tuple[str, str | int | None] | None:
+        """Add one token to ``seq``; return why it stops now, if it does."""
+        token = sample.token
+        seq.output_token_ids.append(token)
+        if sample.logprob is not None:
+            seq.output_logprobs.append(sample.logprob)
+        if sample.top_logprobs is not None:
+            seq.output_top_logprobs.append(sample.top_logprobs)
+        seq.metrics.token_times_s.append(now_s)
+        if len(seq.output_token_ids) == 1:
+            self.tracer.instant(seq.request_id, "first_token", now_s)
+        seq.detokenizer.add(token)
+        return self._stop_reason(seq, token)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
+        params = seq.params
+        if token in self.stop_token_ids and not params.ignore_eos:
+            return "stop", token
+        if params.stop:
+            text = seq.detokenizer.text
+            window_start = max(0, seq.visible_chars - max(map(len, params.stop)))
+            hits = [(text.find(s, window_start), s) for s in params.stop if text.find(s, window_start) >= 0]
+            if hits:
+                seq.stop_at_char, matched = min(hits)
+                return "stop", matched
+        at_context_end = self.max_model_len is not None and seq.num_tokens >= self.max_model_len
+        if len(seq.output_token_ids) >= params.max_tokens or at_context_end:
+            return "length", None
+        return None
+
+    def _fail(self, seq: Sequence, error: BaseException, now_s: float) -> RequestOutput:
+        """End ``seq`` with ``finish_reason="error"``, its blocks freed; the message names the error's kind."""
+        seq.error = f"{type(error).__name__}: {error}" if isinstance(error, SamplingError) else type(error).__name__
+        return self._finish(seq, "error", None, now_s)
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None, now_s: float) -> RequestOutput:
+        if seq in self.scheduler.waiting or seq in self.scheduler.swapped:  # ends while waiting: that counts too
+            seq.metrics.waiting_s += now_s - seq.waiting_since_s
+        seq.finish_reason, seq.stop_reason = reason, stop_reason
+        seq.metrics.finish_time_s = now_s
+        seq.detokenizer.flush()
+        self.scheduler.finish(seq)
+        event = {"cancelled": "cancelled", "deadline": "deadline", "error": "failed"}.get(reason, "finished")
+        self.tracer.instant(seq.request_id, event, now_s, reason=reason)
+        output = self._output(seq)
+        del self.requests[seq.request_id]
+        return output
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        """A snapshot of ``seq`` with the text that became visible since the last one."""
+        text = seq.detokenizer.text
+        if seq.stop_at_char is not None:
+            visible = seq.stop_at_char
+        elif seq.finished or not seq.params.stop:
+            visible = len(text)
+        else:  # hold back what could still turn out to be the start of a stop string
+            visible = max(seq.visible_chars, len(text) - max(map(len, seq.params.stop)) + 1)
+        delta = text[seq.visible_chars : visible]
+        seq.visible_chars = visible
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt=seq.prompt,
+            prompt_token_ids=seq.prompt_token_ids,
+            text=text[:visible],
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            metrics=seq.metrics,
+            num_cached_tokens=seq.num_cached_tokens,
+            stop_reason=seq.stop_reason,
+            logprobs=list(seq.output_logprobs) if seq.params.logprobs else None,
+            top_logprobs=list(seq.output_top_logprobs) if seq.params.top_logprobs else None,
+            error=seq.error,
+            num_preemptions=seq.num_preemptions,
+            delta_text=delta,
+        )
+
+    def _trace_step(self, seq: Sequence, num_new: int, batch_tokens: int, start_s: float, end_s: float) -> None:
+        if seq.metrics.first_scheduled_time_s is None:
+            seq.metrics.first_scheduled_time_s = start_s
+            self.tracer.instant(seq.request_id, "scheduled", start_s, cached_tokens=seq.num_cached_tokens)
+        kind = "decode" if seq.num_uncomputed_tokens == 1 and seq.output_token_ids else "prefill"
+        self.tracer.span(seq.request_id, kind, start_s, end_s, tokens=num_new, batch_tokens=batch_tokens)
+
+    def _report(
+        self,
+        batch: ScheduledBatch,
+        scheduled: list[ScheduledSeq],
+        times_s: tuple[float, float, float],
+        outputs: list[RequestOutput],
+    ) -> None:
+        scheduler = self.scheduler
+        began_s, start_s, end_s = times_s
+        report = StepReport(
+            index=self.num_steps,
+            began_s=began_s,
+            start_s=start_s,
+            end_s=end_s,
+            finished_s=self.clock.now(),
+            scheduled=scheduled,
+            preempted=[seq.request_id for seq in batch.preempted],
+            admitted=[seq.request_id for seq in batch.admitted],
+            num_swapped_blocks=len(batch.swap_out) + len(batch.swap_in),
+            waiting=[seq.request_id for seq in scheduler.waiting],
+            swapped=[seq.request_id for seq in scheduler.swapped],
+            num_running=len(scheduler.running),
+            outputs=outputs,
+        )
+        for observe in self.observers:
+            observe(report)
+
+    # --- statistics -------------------------------------------------------------------------------------------
+
+    def stats(self, kv_cache_bytes: int = 0) -> EngineStats:
+        return EngineStats(
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            kv_cache_bytes=kv_cache_bytes,
+            prefix_cache_hit_rate=self.block_manager.prefix_cache_hit_rate,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
+        )

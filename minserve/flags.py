@@ -1,0 +1,86 @@
+"""Command-line flags made from the configuration dataclasses, so a setting is declared once.
+
+Every field of :class:`~minserve.config.EngineConfig`, :class:`~minserve.config.ServerConfig` (and any other
+config dataclass) becomes a flag: ``max_num_seqs`` is ``--max-num-seqs``, typed from its annotation, with its
+default and the help text of its :func:`~minserve.config.option`. A boolean that is on by default becomes a
+``--no-…`` switch (``enable_prefix_caching`` → ``--no-prefix-caching``), one that is off a plain switch.
+
+    add_config_flags(parser, EngineConfig, ENGINE_SCHEDULING)
+    EngineConfig(**config_options(args, EngineConfig, ENGINE_SCHEDULING))
+
+``unset=True`` makes every default ``None``, for a command whose defaults come from elsewhere (``minserve
+plan simulate`` takes the calibrated engine's): only the flags given are passed on.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import MISSING, Field, fields
+
+# The groups of engine fields the commands take.
+ENGINE_MODEL = ("model", "dtype", "device", "backend")
+ENGINE_SCHEDULING = (
+    "max_model_len",
+    "block_size",
+    "num_kv_blocks",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "scheduling_policy",
+    "preemption_mode",
+)
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    config_cls: type,
+    names: Sequence[str],
+    unset: bool = False,
+) -> None:
+    """Add a flag for each field of ``config_cls`` named in ``names`` (in that order)."""
+    by_name = {f.name: f for f in fields(config_cls)}
+    for name in names:
+        _add_flag(parser, by_name[name], unset)
+
+
+def config_options(args: argparse.Namespace, config_cls: type, names: Sequence[str]) -> dict:
+    """The values of those flags, under the fields' names, leaving out the ones left unset (``None``)."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: Field, unset: bool) -> None:
+    meta = f.metadata
+    flag = meta.get("flag") or f.name.replace("_", "-")
+    default = None if unset or f.default is MISSING else f.default
+    help_text = meta.get("help", "")
+    if f.type == "bool":
+        if f.default:  # on by default: the flag switches it off
+            switch = "--no-" + flag.removeprefix("enable-")
+            parser.add_argument(switch, dest=f.name, action="store_false", default=None if unset else True,
+                                help=f"turn off: {help_text}")  # fmt: skip
+        else:
+            parser.add_argument(f"--{flag}", dest=f.name, action="store_true", default=None if unset else False,
+                                help=help_text)  # fmt: skip
+        return
+    choices = meta.get("choices")
+    choices = choices() if callable(choices) else choices
+    shown = "" if default is None else f" (default: {default})"
+    parser.add_argument(
+        f"--{flag}",
+        dest=f.name,
+        type=_value_type(f.type),
+        default=default,
+        choices=choices,
+        metavar=None if choices else flag.upper().replace("-", "_"),
+        help=help_text + shown,
+    )
+
+
+def _value_type(annotation: str):
+    """``int``, ``float`` or ``str`` from an annotation such as ``"int | None"`` (strings, with postponed
+    annotations); anything else (a policy object, say) is given on a command line by name, as a string."""
+    first = annotation.split("|")[0].strip()
+    return _TYPES.get(first, str)

@@ -1,0 +1,48 @@
+"""Command-line flags come from the configuration dataclasses: one declaration per setting."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+import pytest
+
+from minserve.cli import SERVE_ENGINE_FIELDS, SERVE_SERVER_FIELDS, build_parser
+from minserve.config import EngineConfig, ServerConfig, option
+from minserve.flags import ENGINE_SCHEDULING, add_config_flags, config_options
+
+
+@dataclass(frozen=True)
+class Knobs:
+    rate_rps: float = option(2.5, "requests per second")
+    enable_cache: bool = option(True, "keep a cache")
+    verbose: bool = option(False, "say more")
+    label: str | None = option(None, "a name", choices=("a", "b"))
+
+
+def test_a_field_declared_once_is_a_typed_flag_with_its_default():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, Knobs, [f.name for f in fields(Knobs)])
+    assert Knobs(**config_options(parser.parse_args([]), Knobs, ["rate_rps", "enable_cache", "verbose"])) == Knobs()
+    args = parser.parse_args(["--rate-rps", "4", "--no-cache", "--verbose", "--label", "b"])
+    assert Knobs(**config_options(args, Knobs, [f.name for f in fields(Knobs)])) == Knobs(4.0, False, True, "b")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--label", "c"])
+
+
+def test_unset_flags_pass_on_only_what_was_given():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, EngineConfig, ENGINE_SCHEDULING, unset=True)
+    given = config_options(parser.parse_args(["--max-num-seqs", "3", "--no-chunked-prefill"]), EngineConfig,
+                           ENGINE_SCHEDULING)  # fmt: skip
+    assert given == {"max_num_seqs": 3, "enable_chunked_prefill": False}
+
+
+def test_serve_takes_every_engine_and_server_setting_it_names_with_the_configs_defaults():
+    args = build_parser().parse_args(["serve"])
+    engine = EngineConfig(**config_options(args, EngineConfig, SERVE_ENGINE_FIELDS))
+    server = ServerConfig(**config_options(args, ServerConfig, SERVE_SERVER_FIELDS))
+    assert engine == EngineConfig() and server == ServerConfig()
+    args = build_parser().parse_args(["serve", "--preemption-mode", "swap", "--threads", "1", "--port", "9"])
+    assert config_options(args, EngineConfig, SERVE_ENGINE_FIELDS)["preemption_mode"] == "swap"
+    assert args.num_threads == 1 and args.port == 9
