@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from minserve import LLM, lab, slo
+from minserve.capacity import experiments
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel
 from minserve.engine.core import ScheduledSeq
 from minserve.engine.policies import ShortestPromptFirst
-from minserve.lab import scheduling
+from minserve.lab import engine_runs, playground, scheduling
 from tests import stand_in
 
 COST = StepCostModel({"base": 1e-3, "prefill_tokens": 1e-5, "decode_seqs": 1e-4})
@@ -37,8 +38,8 @@ def vocab() -> int:
 @pytest.mark.parametrize("policy", ["static", "fcfs"])
 def test_run_engine_records_every_step_and_matches_the_step_formulas(vocab, policy):
     outputs = [3, 1, 4, 1, 5, 9, 2, 6]
-    requests = scheduling.requests_with_prompts([5, 6, 7, 8, 9, 10, 11, 12], outputs, vocab, seed=0)
-    run = scheduling.run_engine(_engine(scheduling_policy=policy, max_num_seqs=3, num_kv_blocks=64), requests, [0] * 8)
+    requests = engine_runs.requests_with_prompts([5, 6, 7, 8, 9, 10, 11, 12], outputs, vocab, seed=0)
+    run = engine_runs.run_engine(_engine(scheduling_policy=policy, max_num_seqs=3, num_kv_blocks=64), requests, [0] * 8)
     # Static: each batch of three runs as long as its longest; continuous: list scheduling on three seats.
     expected = {"static": 4 + 9 + 6, "fcfs": 12}[policy]  # fcfs: the 9 takes the seat the 3 frees
     assert len(run.steps) == expected and list(run.steps["step"]) == list(range(1, expected + 1))
@@ -46,7 +47,7 @@ def test_run_engine_records_every_step_and_matches_the_step_formulas(vocab, poli
     assert [len(run.token_steps[r.request_id]) for r in requests] == outputs
     assert (run.steps["seqs"] <= 3).all() and (run.steps["tokens"] <= 1024).all()
     # The occupancy agrees with the step rows: per step, the running states are the batch.
-    running = run.occupancy[run.occupancy["state"].isin(scheduling.RUNNING_STATES)]
+    running = run.occupancy[run.occupancy["state"].isin(engine_runs.RUNNING_STATES)]
     assert running.groupby("step").size().tolist() == run.steps["seqs"].tolist()
     assert running.groupby("step")["tokens"].sum().tolist() == run.steps["tokens"].tolist()
     # Each request: one prefill step, then a decode per further token; TTFT in steps counts from arrival.
@@ -63,33 +64,33 @@ def test_run_engine_records_every_step_and_matches_the_step_formulas(vocab, poli
 
 
 def test_run_engine_with_wall_clock_arrivals(vocab):
-    requests = scheduling.requests_with_prompts([8, 8, 8], 3, vocab, arrivals_s=[0.0, 0.0, 0.05], prefix="w")
+    requests = engine_runs.requests_with_prompts([8, 8, 8], 3, vocab, arrivals_s=[0.0, 0.0, 0.05], prefix="w")
     llm = _engine(num_kv_blocks=32)
-    run = scheduling.run_engine(llm, requests)
+    run = engine_runs.run_engine(llm, requests)
     assert [o.request_id for o in run.outputs] == ["w0", "w1", "w2"]
     third = run.output("w2").metrics
     assert third.arrival_time_s - run.output("w0").metrics.arrival_time_s == pytest.approx(0.05)
     assert run.arrival_step["w0"] == 0 and run.arrival_step["w2"] >= run.arrival_step["w0"]
     assert third.ttft_s >= 0 and run.wall_s >= 0.05
     with pytest.raises(ValueError, match="arrival steps"):
-        scheduling.run_engine(llm, requests, at_steps=[0])
+        engine_runs.run_engine(llm, requests, at_steps=[0])
     with pytest.raises(ValueError, match="unique"):
-        scheduling.run_engine(llm, requests[:1] * 2)
+        engine_runs.run_engine(llm, requests[:1] * 2)
     llm.engine.add_request([1, 2, 3])
     with pytest.raises(ValueError, match="idle"):
-        scheduling.run_engine(llm, requests)
+        engine_runs.run_engine(llm, requests)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemptions_are_recorded_with_their_states_and_trace(vocab, mode):
-    requests = scheduling.requests_with_prompts([20, 24, 28, 22], 24, vocab, seed=3)
+    requests = engine_runs.requests_with_prompts([20, 24, 28, 22], 24, vocab, seed=3)
     llm = _engine(block_size=8, max_num_seqs=4, num_kv_blocks=10, preemption_mode=mode)
-    run = scheduling.run_engine(llm, requests, [0] * 4)
+    run = engine_runs.run_engine(llm, requests, [0] * 4)
     assert run.preemptions and len(run.outputs) == 4
     states = set(run.occupancy["state"])
     assert ("swapped" in states) == (mode == "swap") and ("recompute" in states) == (mode == "recompute")
     assert (run.steps["swapped_blocks"].sum() > 0) == (mode == "swap")
-    events = scheduling.trace_table(run)
+    events = engine_runs.trace_table(run)
     assert set(events["event"]) == {"preempted", "resumed"}
     assert set(events.loc[events["event"] == "preempted", "mode"]) == {mode}
     assert events["ms"].is_monotonic_increasing
@@ -111,8 +112,8 @@ def test_state_of_a_scheduled_sequence():
 # --- tables and figures of a run ---------------------------------------------------------------------------
 
 
-def _hand_run(occupancy: list[tuple[int, str, str, int]]) -> scheduling.EngineRun:
-    return scheduling.EngineRun(
+def _hand_run(occupancy: list[tuple[int, str, str, int]]) -> engine_runs.EngineRun:
+    return engine_runs.EngineRun(
         requests=[SimRequest(0.0, (1,), 1, request_id="a"), SimRequest(0.0, (1,), 1, request_id="b")],
         outputs=[],
         steps=pd.DataFrame({"step": [1, 2, 3, 4], "tokens": [5, 2, 2, 1], "seqs": [2, 2, 2, 1]}),
@@ -147,12 +148,12 @@ def test_occupancy_segments_join_consecutive_steps_in_one_state():
 
 
 def test_batching_table_and_the_other_figures(vocab):
-    requests = scheduling.requests_with_prompts([8, 9, 10, 11], [5, 1, 1, 5], vocab, seed=1)
+    requests = engine_runs.requests_with_prompts([8, 9, 10, 11], [5, 1, 1, 5], vocab, seed=1)
     runs = {}
     for policy in ("static", "fcfs"):
         llm = _engine(scheduling_policy=policy, max_num_seqs=2, num_kv_blocks=32)
-        runs[policy] = scheduling.run_engine(llm, requests, [0] * 4)
-    table = scheduling.batching_table(runs)
+        runs[policy] = engine_runs.run_engine(llm, requests, [0] * 4)
+    table = engine_runs.batching_table(runs)
     # Static: 5 + 5 steps. Continuous: the second 1 and then the last 5 take the seat the first 1 frees.
     assert table.loc["static", "steps"] == 10 and table.loc["fcfs", "steps"] == 7
     assert table.loc["fcfs", "tokens/step"] == pytest.approx(12 / 7)
@@ -167,18 +168,18 @@ def test_batching_table_and_the_other_figures(vocab):
 
 
 def test_mixed_workload_is_seeded_and_mixed():
-    requests = scheduling.mixed_workload(400, 5.0, seed=2, long_fraction=0.25)
-    assert requests == scheduling.mixed_workload(400, 5.0, seed=2, long_fraction=0.25)
+    requests = experiments.mixed_workload(400, 5.0, seed=2, long_fraction=0.25)
+    assert requests == experiments.mixed_workload(400, 5.0, seed=2, long_fraction=0.25)
     long = [r for r in requests if r.prompt_tokens >= 768]
     assert 0.18 < len(long) / 400 < 0.32 and all(r.prompt_tokens <= 1536 for r in long)
     assert all(16 <= r.prompt_tokens <= 64 for r in requests if r.prompt_tokens < 768)
     assert all(16 <= r.output_tokens <= 64 for r in requests)
     assert [r.arrival_s for r in requests] == sorted(r.arrival_s for r in requests)
-    assert not [r for r in scheduling.mixed_workload(50, 5.0, long_fraction=0.0) if r.prompt_tokens > 64]
+    assert not [r for r in experiments.mixed_workload(50, 5.0, long_fraction=0.0) if r.prompt_tokens > 64]
 
 
 def test_stream_with_long_request():
-    stream = scheduling.stream_with_long_request(20.0, 5.0, 900, 1.5, seed=4)
+    stream = experiments.stream_with_long_request(20.0, 5.0, 900, 1.5, seed=4)
     (long,) = [r for r in stream if r.request_id == "long"]
     assert long.arrival_s == 1.5 and long.prompt_tokens == 900
     assert all(r.arrival_s <= 5.0 for r in stream) and 60 < len(stream) < 140
@@ -187,8 +188,8 @@ def test_stream_with_long_request():
 
 
 def test_capacity_validation_and_sweep():
-    requests = scheduling.mixed_workload(60, 5.0, seed=1)
-    capacity = scheduling.capacity_rps(COST, SMALL, requests)
+    requests = experiments.mixed_workload(60, 5.0, seed=1)
+    capacity = experiments.capacity_rps(COST, SMALL, requests)
     assert capacity > 0
     summary = Simulator(COST, SMALL).run(requests).summary()
     table = scheduling.validation_table({"low": summary}, {"low": summary})
@@ -198,7 +199,7 @@ def test_capacity_validation_and_sweep():
     target = slo.SLO(ttft_s=0.5, tpot_s=0.05)
     policies = {"FCFS": "fcfs", "SPF": ShortestPromptFirst(0.0)}
     sweep = scheduling.policy_sweep(
-        COST, SMALL, lambda rate: scheduling.mixed_workload(60, rate, seed=1), policies, [2.0, 8.0], target, 768
+        COST, SMALL, lambda rate: experiments.mixed_workload(60, rate, seed=1), policies, [2.0, 8.0], target, 768
     )
     assert list(sweep["policy"]) == ["FCFS", "SPF", "FCFS", "SPF"] and list(sweep["rate_rps"]) == [2, 2, 8, 8]
     assert (sweep["goodput_rps"] <= sweep["throughput_rps"] + 1e-12).all() and (sweep["requests"] == 60).all()
@@ -212,12 +213,12 @@ def test_class_summary_and_starvation_figure():
     requests.append(SimRequest(0.0, tuple(range(1, 101)), 2, request_id="long"))
     config = SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512, num_kv_blocks=64, scheduling_policy="spf")
     result = Simulator(StepCostModel({"base": 1.0}), config).run(requests)
-    classes = scheduling.class_summary(result, long_threshold=50)
+    classes = experiments.class_summary(result, long_threshold=50)
     assert classes["ttft_long_max_ms"] == pytest.approx(9_000)  # four shorts of 2 steps each, then its prefill
     assert classes["ttft_short_p50_ms"] == pytest.approx(4_000)  # 1, 3, 5, 7 s
-    assert scheduling.find_request(result, "long").metrics.token_times_s[0] == 9.0
+    assert experiments.find_request(result, "long").metrics.token_times_s[0] == 9.0
     with pytest.raises(KeyError):
-        scheduling.find_request(result, "nobody")
+        experiments.find_request(result, "nobody")
     fig = scheduling.starvation_figure({"SPF": result}, stream_ends_s=0.0)
     assert [trace.name for trace in fig.data] == ["SPF: waiting", "SPF: long first token", "SPF: long finished"]
     assert fig.data[1].x == (9.0,) and fig.data[2].x == (10.0,)
@@ -226,28 +227,28 @@ def test_class_summary_and_starvation_figure():
 # --- the playground ----------------------------------------------------------------------------------------
 
 
-PLAYGROUND = scheduling.Playground(COST, SMALL, num_requests=80, slo_target=slo.SLO(ttft_s=0.5, tpot_s=0.05))
+PLAYGROUND = playground.Playground(COST, SMALL, num_requests=80, slo_target=slo.SLO(ttft_s=0.5, tpot_s=0.05))
 
 
 def test_playground_result_invariants():
-    result = scheduling.playground_result(PLAYGROUND, "fcfs", 4.0)
+    result = playground.playground_result(PLAYGROUND, "fcfs", 4.0)
     assert result["error"] == "" and result["requests"] == 80
     assert result["goodput_rps"] <= result["throughput_rps"]
     assert result["max_step_tokens"] <= SMALL.max_num_batched_tokens
-    again = scheduling.playground_result(PLAYGROUND, "fcfs", 4.0)
+    again = playground.playground_result(PLAYGROUND, "fcfs", 4.0)
     assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in result.items() if k != "wall_s"}
-    whole = scheduling.playground_result(PLAYGROUND, "fcfs", 4.0, chunked_prefill=False)
+    whole = playground.playground_result(PLAYGROUND, "fcfs", 4.0, chunked_prefill=False)
     assert whole["max_step_tokens"] >= 768  # a long prompt went through in one step
-    tight = scheduling.playground_result(PLAYGROUND, "fcfs", 20.0, num_kv_blocks=120)
+    tight = playground.playground_result(PLAYGROUND, "fcfs", 20.0, num_kv_blocks=120)
     assert tight["error"] == "" and tight["preemptions"] > 0
-    too_small = scheduling.playground_result(PLAYGROUND, "fcfs", 4.0, num_kv_blocks=8)
+    too_small = playground.playground_result(PLAYGROUND, "fcfs", 4.0, num_kv_blocks=8)
     assert "KV cache" in too_small["error"]
-    assert "KV cache" in scheduling.playground_html(too_small)
-    assert "goodput" in scheduling.playground_html(result, PLAYGROUND.slo_target)
+    assert "KV cache" in playground.playground_html(too_small)
+    assert "goodput" in playground.playground_html(result, PLAYGROUND.slo_target)
 
 
 def test_playground_policies_and_widget():
-    choices = scheduling.playground_policies(aging_tokens_per_step=2.0)
+    choices = playground.playground_policies(aging_tokens_per_step=2.0)
     assert list(choices)[:2] == ["FCFS", "static batching"]
     assert [p.aging_tokens_per_step for p in choices.values() if isinstance(p, ShortestPromptFirst)] == [0.0, 2.0]
     widget = lab.scheduling_playground(PLAYGROUND, rate_rps=4.0, max_rate_rps=10.0)
@@ -262,5 +263,5 @@ def test_playground_policies_and_widget():
     assert readout.value != shown
     blocks.value = blocks.min
     assert "KV cache" in readout.value or "goodput" in readout.value
-    assert lab.playground_result is scheduling.playground_result and lab.run_engine is scheduling.run_engine
-    assert math.isfinite(scheduling.playground_result(PLAYGROUND, choices["FCFS"], 1.0)["ttft_p50_ms"])
+    assert lab.playground_result is playground.playground_result and lab.run_engine is engine_runs.run_engine
+    assert math.isfinite(playground.playground_result(PLAYGROUND, choices["FCFS"], 1.0)["ttft_p50_ms"])

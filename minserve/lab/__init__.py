@@ -7,11 +7,12 @@ engine and the model never need them. Start a chapter with ``minserve.lab.setup_
 import importlib
 
 from minserve.lab.anatomy import detokenizer_steps, request_timeline, stage_explorer, stage_table, token_pieces
+from minserve.lab.engine_runs import run_engine
 from minserve.lab.figures import latency_ecdf, latency_histogram
 from minserve.lab.kv import kv_calculator, kv_calculator_result, kv_memory_figure
 from minserve.lab.notebook import setup_notebook
+from minserve.lab.playground import playground_result, scheduling_playground
 from minserve.lab.roofline import roofline_explorer, roofline_explorer_result
-from minserve.lab.scheduling import playground_result, run_engine, scheduling_playground
 from minserve.lab.tables import contract_table, percentile_table
 from minserve.lab.theme import TEMPLATE_NAME, use_course_theme
 from minserve.lab.widgets import attainment_for_thresholds, slo_explorer
