@@ -8,6 +8,9 @@ numbers that contract speaks in:
   goodput (:func:`goodput_rps`), throughput, availability and error budget;
 * in money: cost per million tokens from $/accelerator-hour and measured throughput.
 
+It is one module (about 480 lines) because it is one vocabulary: the load tester, the simulator and every
+chapter speak it, and each definition is short.
+
 Every time is in seconds (``_s``) unless a name says ``_ms``. Timestamps come from one monotonic clock
 (``time.perf_counter``): only their differences mean anything. The module needs nothing beyond the standard
 library, except :func:`summary_table`, which returns a pandas DataFrame and imports pandas when called.

@@ -15,6 +15,9 @@ Two things are plugged in, and they are the only difference between serving and 
 for one sequence (speculative decoding) takes the same path. Observers (calibration, the profiler, the
 lab, the simulator's step records) get a :class:`StepReport` after every step that ran something, instead
 of reaching into the scheduler.
+
+The module is longer than most (about 440 lines) on purpose: every rule a step applies is here, in the
+order the step applies it, so that a reader (and the simulator) finds them all in one place.
 """
 
 from __future__ import annotations
@@ -253,7 +256,10 @@ class EngineCore:
         self._account_waiting(batch, start_s)
         if not batch:
             return outputs
-        scheduled = [ScheduledSeq.of(seq, n) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        # What was scheduled, read before the step advances it: only when someone will read the report.
+        scheduled = (
+            [ScheduledSeq.of(seq, n) for seq, n in zip(batch.seqs, batch.num_new_tokens)] if self.observers else []
+        )
         try:
             results = self.executor.execute(batch)
         except Exception as error:
