@@ -97,7 +97,31 @@ def _cmd_demo(args: argparse.Namespace) -> int:
           f"{stats['kv_blocks_used']} blocks still held")  # fmt: skip
     del llm  # the server below loads its own copy
     _tour_serve_and_load_test(args)
+    _tour_chat_model()
     return 0
+
+
+CHAT_MODEL = "smollm2-135m-instruct"  # SmolLM2-135M-Instruct, from the GGUF file its pip package ships
+
+
+def _tour_chat_model() -> None:
+    """Step 7 of the tour: a real chat model answers a question; the embedded one only continues the text."""
+    from minserve import LLM, SamplingParams
+    from minserve.model.loader import ModelNotFoundError
+
+    question = "What is the capital of France?"
+    print(f"\n7. chat      {CHAT_MODEL} answers through its chat template; minserve-tiny continues the text\n")
+    try:
+        chat = LLM(CHAT_MODEL)
+    except ModelNotFoundError as error:  # installed by `make demo`; a bare `pip install minserve` lacks it
+        print(f"   {error}")
+        return
+    prompt = chat.tokenizer.apply_chat_template([{"role": "user", "content": question}])
+    answer = chat.generate(prompt, SamplingParams(max_tokens=48, temperature=0.0))[0]
+    tiny = LLM().generate(question, SamplingParams(max_tokens=24, temperature=0.0))[0]
+    print(f"   you:                  {question}")
+    print(f"   {CHAT_MODEL}: {answer.text.strip()}")
+    print(f"   minserve-tiny:        {question}{tiny.text!r}  (3.4M parameters of Python: it only continues)")
 
 
 def _tour_serve_and_load_test(args: argparse.Namespace) -> None:

@@ -40,7 +40,8 @@ def test_bad_arguments_exit_with_a_message(capsys):
 def test_demo_runs_the_tour(tmp_path):
     result = _run("demo", "--out", str(tmp_path / "tour"))
     assert result.returncode == 0, result.stderr
-    for step in ("1. load", "2. generate", "3. stream", "4. measure", "5. serve", "6. load test"):
+    for step in ("1. load", "2. generate", "3. stream", "4. measure", "5. serve", "6. load test", "7. chat"):
         assert step in result.stdout
+    assert "smollm2-135m-instruct: The capital of France is Paris." in result.stdout  # a real chat model answered
     assert "tokens from http://127.0.0.1:" in result.stdout  # the openai client got its completion
     assert {p.name for p in (tmp_path / "tour").iterdir()} == {"records.jsonl", "summary.json", "report.html"}

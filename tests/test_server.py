@@ -235,3 +235,23 @@ def test_priority_reaches_the_engine(server):
     assert response.status_code == 200
     bad = httpx.post(server.url + "/v1/completions", json=body | {"priority": "high"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+
+
+@pytest.mark.slow
+def test_the_openai_client_chats_with_smollm2_through_minserve_serve():
+    """A real chat model behind the real server: SmolLM2-135M-Instruct from its GGUF file, in its own process."""
+    from openai import OpenAI
+
+    from minserve.serve.launch import ServerProcess
+
+    name = "smollm2-135m-instruct"
+    with ServerProcess([], model=name, startup_timeout_s=300) as running:
+        client = OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        ask = {"model": name, "messages": messages, "temperature": 0, "max_tokens": 32}
+        out = client.chat.completions.create(**ask)
+        answer = out.choices[0].message.content
+        assert "Paris" in answer
+        assert out.choices[0].finish_reason == "stop"  # on the template's end of turn, before max_tokens
+        chunks = client.chat.completions.create(**ask, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
