@@ -186,6 +186,20 @@ def _default_server_threads(device: str) -> int | None:
     return max(1, (os.cpu_count() or 1) - 1)
 
 
+def _cmd_perplexity(args: argparse.Namespace) -> int:
+    """Perplexity of a model on the held-out text that ships with Python (``pydoc_data.topics``)."""
+    from minserve import LLM
+    from minserve.quality import held_out_text, perplexity
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
+    result = perplexity(llm, held_out_text(), args.window_tokens, args.max_tokens or None, progress=True)
+    print(
+        f"{args.model}: perplexity {result.perplexity:.2f} ({result.nll_per_token:.4f} nats a token) over "
+        f"{result.scored_tokens:,} tokens of pydoc_data.topics, {result.windows} windows of {args.window_tokens}"
+    )
+    return 0
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from minserve.model.loader import (
         ASSETS_DIR,
@@ -254,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(serve.add_argument_group("engine"), EngineConfig, SERVE_ENGINE_FIELDS[len(ENGINE_MODEL) :])
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)
+
+    ppl = commands.add_parser("perplexity", help="perplexity on held-out text", description=_cmd_perplexity.__doc__)
+    _add_model_arguments(ppl)
+    ppl.add_argument("--window-tokens", type=int, default=512, help="tokens per forward pass (non-overlapping)")
+    ppl.add_argument("--max-tokens", type=int, default=8192, help="score the text's first N tokens (0 = all)")
+    ppl.set_defaults(run=_cmd_perplexity)
 
     models = commands.add_parser("models", help="list the embedded models", description="List embedded models.")
     models.set_defaults(run=_cmd_models)
