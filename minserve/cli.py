@@ -17,6 +17,7 @@ from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, co
 from minserve.grade import add_grade_command
 from minserve.model.config import ModelConfig
 from minserve.model.loader import EMBEDDED_MODELS
+from minserve.quality.perplexity import DEFAULT_WINDOW_TOKENS
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ppl = commands.add_parser("perplexity", help="perplexity on held-out text", description=_cmd_perplexity.__doc__)
     _add_model_arguments(ppl)
-    ppl.add_argument("--window-tokens", type=int, default=512, help="tokens per forward pass (non-overlapping)")
+    ppl.add_argument(
+        "--window-tokens", type=int, default=DEFAULT_WINDOW_TOKENS, help="tokens per forward pass (non-overlapping)"
+    )
     ppl.add_argument("--max-tokens", type=int, default=8192, help="score the text's first N tokens (0 = all)")
     ppl.set_defaults(run=_cmd_perplexity)
 

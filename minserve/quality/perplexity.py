@@ -22,6 +22,8 @@ from tqdm.auto import tqdm
 from minserve.model.llama import LlamaForCausalLM
 from minserve.model.tokenizer import Tokenizer
 
+DEFAULT_WINDOW_TOKENS = 512  # tokens per forward pass: the CLI's, the chapters' and docs/models.md's window
+
 
 class HasModel(Protocol):
     """What perplexity needs of an ``LLM``: its model and its tokenizer."""
@@ -45,7 +47,7 @@ class PerplexityResult:
 def perplexity(
     llm: HasModel,
     text: str,
-    window_tokens: int = 256,
+    window_tokens: int = DEFAULT_WINDOW_TOKENS,
     max_tokens: int | None = None,
     progress: bool = False,
 ) -> PerplexityResult:
@@ -63,8 +65,8 @@ def perplexity(
         raise ValueError("the text is shorter than two tokens: there is nothing to predict")
     device = next(model.parameters()).device
     stream = torch.tensor(token_ids, device=device)
-    windows = [stream[i : i + window_tokens] for i in range(0, len(stream), window_tokens)]
-    windows = [w for w in windows if len(w) >= 2]
+    # A last window of one token has nothing to predict: it is left out.
+    windows = [w for w in stream.split(window_tokens) if len(w) >= 2]
     total_nll = 0.0
     for window in tqdm(windows, desc="perplexity", unit="window", disable=not progress):
         logits = model.logits_without_cache(window).float()
