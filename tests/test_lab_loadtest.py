@@ -1,4 +1,8 @@
-"""minserve.lab.loadtest: chapter 10's helpers, on hand-made runs (no server is started here)."""
+"""Chapter 10's helpers, on hand-made runs (no server is started here).
+
+The lab's tables, figures and bundle explorer (:mod:`minserve.lab.loadtest_tables`, ``loadtest_figures``,
+``bundle_view``), and what they build on: :mod:`minserve.bench.rows`, :mod:`minserve.bench.omission`.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,19 @@ import plotly.graph_objects as go
 import pytest
 
 from minserve import lab, slo
-from minserve.bench import bundle
+from minserve.bench import bundle, omission, runner
+from minserve.bench import rows as bench_rows
 from minserve.bench.arrivals import ClosedLoop, OpenLoop
-from minserve.bench.benchmark import BenchmarkResult
+from minserve.bench.benchmark import BenchmarkResult, relabel
 from minserve.bench.client import ClientConfig, RequestResult
 from minserve.bench.metrics import Pricing, summarize, to_slo_record
+from minserve.bench.report import record_rows
 from minserve.bench.runner import RunResult
 from minserve.bench.workload import BenchRequest, LengthDist, WorkloadSpec, build_requests
-from minserve.lab import loadtest
+from minserve.capacity import queueing
+from minserve.lab import bundle_view
+from minserve.lab import loadtest_figures as figures
+from minserve.lab import loadtest_tables as tables
 
 CHAT = slo.SLO("chat", ttft_s=0.25, tpot_s=0.06)
 
@@ -117,7 +126,7 @@ def _run_workers(timetable, concurrency, service_s):
         def clock():
             return time.perf_counter() - start
 
-        return await loadtest.workers_on_timetable(
+        return await omission.workers_on_timetable(
             requests, timetable, concurrency, lambda r, t: send(r, t, clock), clock
         )  # fmt: skip
 
@@ -129,7 +138,7 @@ def test_workers_on_timetable_fall_behind_a_fast_timetable():
     results = _run_workers(timetable, concurrency=2, service_s=0.03)
     assert [r.index for r in results] == list(range(6))  # in timetable order
     rows = [{"sent_s": r.sent_s, "end_s": r.end_s} for r in results]
-    assert loadtest.max_in_flight(rows) <= 2
+    assert bench_rows.max_in_flight(rows) <= 2
     lags = [r.client_lag_s for r in results]
     assert lags[-1] >= 0.05  # the sixth request waited for two rounds of service in the client
     assert all(lag >= -1e-3 for lag in lags)  # never early
@@ -149,24 +158,24 @@ def test_run_with_workers_labels_and_counts(monkeypatch):
     async def send_request(http, config, request, intended_s, clock):
         return await fake(request, intended_s, clock)
 
-    monkeypatch.setattr(loadtest, "send_request", send_request)
+    monkeypatch.setattr(runner, "send_request", send_request)  # the workers send through the runner's client
     client = ClientConfig("http://127.0.0.1:9", "m")
     requests = [BenchRequest(i, f"p{i}", 4) for i in range(5)]
-    run = loadtest.run_with_workers(client, requests, OpenLoop(1000.0, seed=1), 2)
+    run = omission.run_with_workers(client, requests, OpenLoop(1000.0, seed=1), 2)
     assert run.label == "rate=1000, 2 workers" and run.arrival == ClosedLoop(2)
     assert len(run.results) == 5 and run.duration_s > 0
-    assert loadtest.max_in_flight([{"sent_s": r.sent_s, "end_s": r.end_s} for r in run.results]) <= 2
-    assert loadtest.run_with_workers(client, requests[:1], OpenLoop(1.0), 1, label="mine").label == "mine"
+    assert bench_rows.max_in_flight([{"sent_s": r.sent_s, "end_s": r.end_s} for r in run.results]) <= 2
+    assert omission.run_with_workers(client, requests[:1], OpenLoop(1.0), 1, label="mine").label == "mine"
 
 
 def test_relabel():
     result = _result_set(_open_run("rate=4"), _open_run("rate=4", seed=1))
-    renamed = loadtest.relabel(result, "plain", "shared prefix")
+    renamed = relabel(result, "plain", "shared prefix")
     assert [r.label for r in renamed.runs] == ["plain", "shared prefix"]
     assert [s["label"] for s in renamed.summaries] == ["plain", "shared prefix"]
     assert [s["label"] for s in result.summaries] == ["rate=4", "rate=4"]  # the original is untouched
     with pytest.raises(ValueError, match="2 labels"):
-        loadtest.relabel(result, "one")
+        relabel(result, "one")
 
 
 # --- rows ------------------------------------------------------------------------------------------------------
@@ -174,7 +183,7 @@ def test_relabel():
 
 def test_record_rows_are_what_records_jsonl_holds(tmp_path):
     run = _open_run(statuses=["ok"] * 10 + ["cancelled", "failed"])
-    rows = loadtest.record_rows([run])
+    rows = record_rows([run])
     result = BenchmarkResult([run], [_summary(run)], {}, {})
     result.save(tmp_path, bundle=False)
     assert rows == bundle.read_records(tmp_path / "records.jsonl")
@@ -183,25 +192,25 @@ def test_record_rows_are_what_records_jsonl_holds(tmp_path):
 
 def test_rows_to_records_round_trip():
     run = _open_run(n=8)
-    rows = json.loads(json.dumps(loadtest.record_rows([run])))
-    assert loadtest.rows_to_records(rows) == [to_slo_record(r) for r in run.results]
+    rows = json.loads(json.dumps(record_rows([run])))
+    assert bench_rows.rows_to_records(rows) == [to_slo_record(r) for r in run.results]
 
 
 def test_max_and_mean_in_flight():
     rows = [{"sent_s": 0.0, "end_s": 1.0}, {"sent_s": 0.5, "end_s": 2.0}, {"sent_s": 1.0, "end_s": 1.5}]
-    assert loadtest.max_in_flight(rows) == 2  # the first ends at 1.0 just as the third starts
-    assert loadtest.max_in_flight([]) == 0
-    assert loadtest.mean_in_flight(rows, 2.0) == pytest.approx((1.0 + 1.5 + 0.5) / 2.0)
-    assert math.isnan(loadtest.mean_in_flight(rows, 0.0))
+    assert bench_rows.max_in_flight(rows) == 2  # the first ends at 1.0 just as the third starts
+    assert bench_rows.max_in_flight([]) == 0
+    assert bench_rows.mean_in_flight(rows, 2.0) == pytest.approx((1.0 + 1.5 + 0.5) / 2.0)
+    assert math.isnan(bench_rows.mean_in_flight(rows, 0.0))
 
 
 def test_latency_from_intended_adds_the_lag():
     row = {"intended_s": 1.0, "sent_s": 1.5, "chunk_times_s": [1.7, 1.8], "end_s": 2.0}
-    assert loadtest.from_sent_ms(row) == pytest.approx(500.0)
-    assert loadtest.from_intended_ms(row) == pytest.approx(1000.0)
-    assert loadtest.from_sent_ms(row, "ttft") == pytest.approx(200.0)
-    assert loadtest.from_intended_ms(row, "ttft") == pytest.approx(700.0)
-    assert loadtest.from_intended_ms({**row, "chunk_times_s": []}, "ttft") is None
+    assert bench_rows.from_sent_ms(row) == pytest.approx(500.0)
+    assert bench_rows.from_intended_ms(row) == pytest.approx(1000.0)
+    assert bench_rows.from_sent_ms(row, "ttft") == pytest.approx(200.0)
+    assert bench_rows.from_intended_ms(row, "ttft") == pytest.approx(700.0)
+    assert bench_rows.from_intended_ms({**row, "chunk_times_s": []}, "ttft") is None
 
 
 # --- tables ----------------------------------------------------------------------------------------------------
@@ -212,37 +221,37 @@ def test_workload_lengths_in_the_given_tokens():
                         output_len=LengthDist("lognormal", 20, 15, 200), cancel_fraction=0.5, seed=1)  # fmt: skip
     count = len  # one token per character: a tokenizer the test can check
     requests = build_requests(spec, count)
-    lengths = loadtest.workload_lengths(requests, count)
+    lengths = tables.workload_lengths(requests, count)
     assert lengths["prompt_tokens"].tolist() == [len(r.prompt) for r in requests]
     assert lengths["output_tokens"].tolist() == [r.max_tokens for r in requests]
     assert lengths["cancelled_after"].notna().sum() == sum(r.cancel_after_chunks is not None for r in requests)
-    ids = loadtest.workload_lengths([BenchRequest(0, [1, 2, 3], 5)], count)
+    ids = tables.workload_lengths([BenchRequest(0, [1, 2, 3], 5)], count)
     assert ids["prompt_tokens"].tolist() == [3]  # token-id prompts are counted as they are
-    stats = loadtest.length_stats(lengths)
+    stats = tables.length_stats(lengths)
     assert list(stats.index) == ["prompt_tokens", "output_tokens"]
     assert (stats["p50"] <= stats["p99"]).all() and (stats["p99"] <= stats["max"]).all()
-    fig = loadtest.workload_figure(lengths)
+    fig = figures.workload_figure(lengths)
     assert len(fig.data) == 2 and list(fig.data[0].x) == lengths["prompt_tokens"].tolist()
 
 
 def test_runs_and_tail_and_verdict_tables():
     run = _open_run(statuses=["ok"] * 9 + ["failed"] * 3)
     summaries = [_summary(run)]
-    table = loadtest.runs_table(summaries)
+    table = tables.runs_table(summaries)
     assert table.loc["rate=4", "ok"] == 9 and table.loc["rate=4", "failed"] == 3
     assert table.loc["rate=4", "goodput req/s"] <= table.loc["rate=4", "req/s"]
-    tail = loadtest.tail_table(summaries, "e2e_ms")
+    tail = tables.tail_table(summaries, "e2e_ms")
     assert tail.loc["rate=4", "p50"] <= tail.loc["rate=4", "p99"] and tail.loc["rate=4", "p99 / p50"] >= 1
-    verdict = loadtest.verdict_table(summaries)
+    verdict = tables.verdict_table(summaries)
     assert verdict.loc["rate=4", "verdict"] == "FAIL"  # three failures break a 99.9 % availability
     assert verdict.loc["rate=4", "$ / M output tokens"] > 0
-    no_contract = loadtest.verdict_table([summarize(run)])
+    no_contract = tables.verdict_table([summarize(run)])
     assert no_contract.loc["rate=4", "verdict"] == "-"
 
 
 def test_littles_law_table_on_a_closed_loop():
     result = _result_set(_closed_run(2, n=12), _open_run())
-    table = loadtest.littles_law_table(result)
+    table = tables.littles_law_table(result)
     assert list(table.index) == ["concurrency=2"]  # open-loop runs are left out
     row = table.loc["concurrency=2"]
     assert row["max in flight"] == 2
@@ -253,26 +262,26 @@ def test_littles_law_table_on_a_closed_loop():
 def test_coordinated_omission_table_separates_the_two_send_times():
     honest = _open_run("open loop", lag=0.0)
     late = _open_run("workers", lag=0.1)  # each request leaves 0.1 s later than the one before
-    table = loadtest.coordinated_omission_table(loadtest.record_rows([honest, late]))
+    table = tables.coordinated_omission_table(record_rows([honest, late]))
     assert table.loc["open loop", "lag max"] == pytest.approx(0.0)
     assert table.loc["open loop", "E2E p99 from intended"] == table.loc["open loop", "E2E p99 from actual"]
     assert table.loc["workers", "lag max"] == pytest.approx(1100.0)
     assert table.loc["workers", "E2E p50 from intended"] > table.loc["workers", "E2E p50 from actual"]
     assert table.loc["workers", "TTFT p99 from actual"] == table.loc["open loop", "TTFT p99 from actual"]
-    fig = loadtest.coordinated_omission_figure(loadtest.record_rows([honest, late]))
+    fig = figures.coordinated_omission_figure(record_rows([honest, late]))
     assert len(fig.data) == 4 and [t.showlegend for t in fig.data] == [True, True, False, False]
 
 
 def test_predicted_ttft_is_flat_below_capacity_and_grows_with_the_run_above():
-    assert loadtest.predicted_ttft_ms(5.0, 10.0, 100, 20.0) == 20.0
-    assert loadtest.predicted_ttft_ms(10.0, 10.0, 100, 20.0) == 20.0
+    assert queueing.predicted_ttft_ms(5.0, 10.0, 100, 20.0) == 20.0
+    assert queueing.predicted_ttft_ms(10.0, 10.0, 100, 20.0) == 20.0
     # 40 req/s into 10 req/s: each request waits 75 ms more than the one before; the median (50th) 3.75 s.
-    assert loadtest.predicted_ttft_ms(40.0, 10.0, 100, 20.0) == pytest.approx(20.0 + 3750.0)
-    assert loadtest.predicted_ttft_ms(40.0, 10.0, 200, 20.0, quantile=0.99) > loadtest.predicted_ttft_ms(
+    assert queueing.predicted_ttft_ms(40.0, 10.0, 100, 20.0) == pytest.approx(20.0 + 3750.0)
+    assert queueing.predicted_ttft_ms(40.0, 10.0, 200, 20.0, quantile=0.99) > queueing.predicted_ttft_ms(
         40, 10, 100, 20
     )
     rates = [1, 5, 10, 20, 40, 80]
-    predicted = [loadtest.predicted_ttft_ms(r, 10.0, 50, 20.0) for r in rates]
+    predicted = [queueing.predicted_ttft_ms(r, 10.0, 50, 20.0) for r in rates]
     assert predicted == sorted(predicted)
 
 
@@ -280,12 +289,12 @@ def test_knee_table_and_figure():
     runs = [_open_run(f"rate={r}", seed=r) for r in (1, 2, 4)]
     summaries = [_summary(run) for run in runs]
     summaries[2]["server"] = _server(ok=12, queue_sum=1.2, count=12)
-    table = loadtest.knee_table(summaries, [1.0, 2.0, 4.0])
+    table = tables.knee_table(summaries, [1.0, 2.0, 4.0])
     assert table["offered req/s"].tolist() == [1.0, 2.0, 4.0]
     assert table.loc["rate=4", "server queue ms"] == pytest.approx(100.0)
     summaries[0].pop("server")
-    assert math.isnan(loadtest.knee_table(summaries, [1.0, 2.0, 4.0]).loc["rate=1", "server queue ms"])
-    fig = loadtest.knee_figure(summaries, [1.0, 2.0, 4.0], capacity_rps=3.0, num_requests=12, base_ttft_ms=50.0)
+    assert math.isnan(tables.knee_table(summaries, [1.0, 2.0, 4.0]).loc["rate=1", "server queue ms"])
+    fig = figures.knee_figure(summaries, [1.0, 2.0, 4.0], capacity_rps=3.0, num_requests=12, base_ttft_ms=50.0)
     measured = next(t for t in fig.data if t.name == "measured throughput")
     assert list(measured.y) == [s["request_throughput_rps"] for s in summaries]
     predicted = next(t for t in fig.data if t.name == "predicted min(λ, λ*)")
@@ -295,40 +304,40 @@ def test_knee_table_and_figure():
 def test_accounting_matches_client_and_server():
     run = _open_run(statuses=["ok"] * 8 + ["cancelled"] * 4)
     good = _summary(run)
-    assert loadtest.accounting_problems(good) == []
-    table = loadtest.accounting_table([good])
+    assert tables.accounting_problems(good) == []
+    table = tables.accounting_table([good])
     assert table.loc["rate=4", "server abort"] == 4 and table.loc["rate=4", "accounted for"]
     lost = {**good, "server": _server(ok=8, cancelled=3)}
-    assert loadtest.accounting_problems(lost) == ["server aborted 3, client cancelled 4"]
-    assert not loadtest.accounting_table([lost]).loc["rate=4", "accounted for"]
-    assert loadtest.accounting_problems({**good, "ok": 7}) == [
+    assert tables.accounting_problems(lost) == ["server aborted 3, client cancelled 4"]
+    assert not tables.accounting_table([lost]).loc["rate=4", "accounted for"]
+    assert tables.accounting_problems({**good, "ok": 7}) == [
         "ok + failed + cancelled ≠ 12 sent",
         "server completed 8, client ok 7",
     ]
-    assert loadtest.accounting_problems({k: v for k, v in good.items() if k != "server"}) == [
+    assert tables.accounting_problems({k: v for k, v in good.items() if k != "server"}) == [
         "no server metrics to compare with"
     ]
     failed = _summary(_open_run(statuses=["ok"] * 11 + ["failed"]))
     failed["server"] = _server(ok=11)
-    assert loadtest.accounting_problems(failed) == ["1 failed: {}"]  # an error kind would be named here
+    assert tables.accounting_problems(failed) == ["1 failed: {}"]  # an error kind would be named here
 
 
 def test_cache_table_reads_the_servers_prefix_counters():
     runs = [_open_run("plain"), _open_run("shared", seed=2)]
     summaries = [_summary(run) for run in runs]
     summaries[1]["server"] = _server(ok=12, hits=75.0, queries=100.0)
-    table = loadtest.cache_table(summaries)
+    table = tables.cache_table(summaries)
     assert table.loc["shared", "hit rate"] == pytest.approx(0.75) and table.loc["plain", "found cached"] == 0
-    fig = loadtest.ttft_ecdf_figure({name: loadtest.record_rows([run]) for name, run in zip(["a", "b"], runs)})
+    fig = figures.ttft_ecdf_figure({name: record_rows([run]) for name, run in zip(["a", "b"], runs)})
     assert [t.name for t in fig.data] == ["a", "b"]
-    assert list(fig.data[0].x) == sorted(bundle.latencies_ms(loadtest.record_rows([runs[0]]), "ttft_ms"))
+    assert list(fig.data[0].x) == sorted(bundle.latencies_ms(record_rows([runs[0]]), "ttft_ms"))
 
 
 def test_sample_outputs():
-    rows = loadtest.record_rows([_open_run(statuses=["ok"] * 6 + ["cancelled"] * 6)])
-    sample = loadtest.sample_outputs(rows, count=3, chars=2)
+    rows = record_rows([_open_run(statuses=["ok"] * 6 + ["cancelled"] * 6)])
+    sample = tables.sample_outputs(rows, count=3, chars=2)
     assert len(sample) == 3 and all(len(t) <= 2 for t in sample["text"])
-    assert loadtest.sample_outputs([], 3).empty
+    assert tables.sample_outputs([], 3).empty
 
 
 # --- the bundle explorer ---------------------------------------------------------------------------------------
@@ -348,7 +357,7 @@ def test_load_bundle_reads_runs_and_summaries(saved_bundle):
     assert data.runs == ["rate=2", "rate=8"] and (out / "report.html").exists()
     assert data.duration_s("rate=8") == pytest.approx(runs[1].duration_s)
     assert data.duration_s("missing") == 0.0
-    no_duration = loadtest.Bundle(out, data.groups, {}, {})
+    no_duration = bundle_view.Bundle(out, data.groups, {}, {})
     assert no_duration.duration_s("rate=2") == pytest.approx(max(r.end_s for r in runs[0].results))
 
 
@@ -356,13 +365,13 @@ def test_attainment_from_rows_is_the_summarys_goodput(saved_bundle):
     out, _ = saved_bundle
     data = lab.load_bundle(out)
     for run in data.runs:
-        mine = loadtest.attainment_from_rows(data.groups[run], 250.0, 60.0, data.duration_s(run))
+        mine = bundle_view.attainment_from_rows(data.groups[run], 250.0, 60.0, data.duration_s(run))
         assert mine["goodput_rps"] == pytest.approx(data.summaries[run]["goodput_rps"])
         assert mine["goodput_rps"] <= mine["throughput_rps"]
-        loose = loadtest.attainment_from_rows(data.groups[run], 1e6, 1e6, data.duration_s(run))
+        loose = bundle_view.attainment_from_rows(data.groups[run], 1e6, 1e6, data.duration_s(run))
         ok = sum(row["status"] == "ok" for row in data.groups[run])
         assert loose["all"] == pytest.approx(ok / len(data.groups[run])) and mine["all"] <= loose["all"]
-        assert loadtest.attainment_from_rows(data.groups[run], 1e-6, 1e-6)["all"] == 0.0
+        assert bundle_view.attainment_from_rows(data.groups[run], 1e-6, 1e-6)["all"] == 0.0
 
 
 @pytest.mark.parametrize("kind", ["CDF", "histogram"])
@@ -371,7 +380,7 @@ def test_explore_run_draws_the_thresholds(saved_bundle, metric, kind):
     data = lab.load_bundle(saved_bundle[0])
     fig, html = lab.explore_run(data, "rate=8", metric, kind, ttft_ms=123.0, tpot_ms=45.0)
     assert isinstance(fig, go.Figure) and fig.layout.title.text.startswith("rate=8")
-    records = loadtest.rows_to_records(data.groups["rate=8"])
+    records = bench_rows.rows_to_records(data.groups["rate=8"])
     values = sorted(v * 1e3 for v in slo.metric_values_s(records, metric))
     assert sorted(fig.data[0].x) == pytest.approx(values)
     dashed = sorted(s.x0 for s in fig.layout.shapes if s.line.dash == "dash")

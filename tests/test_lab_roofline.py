@@ -1,4 +1,5 @@
-"""minserve.lab.roofline: chapter 03's tables, figures and roofline explorer, on hand-made profiles and presets.
+"""Chapter 03's tables, figures and roofline explorer (``minserve.lab.roofline_*``, ``gpu_figures``) and the
+decode-cost fit (:mod:`minserve.capacity.decode_fit`), on hand-made profiles and presets.
 
 The profile tests build :class:`~minserve.capacity.profiler.Profile` objects by hand on a toy accelerator
 whose "measured" times are known multiples of the roofline's bound, so every number the tables derive is
@@ -14,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minserve import LLM, capacity, lab
-from minserve.capacity import profiler
+from minserve.capacity import decode_fit, profiler
 from minserve.capacity.profiler import DecodePoint, PrefillPoint, Profile
 from minserve.capacity.roofline import HARDWARE, Hardware
-from minserve.lab import roofline as roof
+from minserve.lab import gpu_figures, roofline_figures, roofline_tables, roofline_widget
 
 # 1 TFLOP/s and 10 GB/s: the ridge point is at 100 FLOP/byte.
 TOY = Hardware("toy", peak_flops_per_s=1e12, memory_bandwidth_bytes_per_s=1e10, memory_bytes=10**12, dtype="float32")
@@ -44,7 +45,7 @@ def _profile(slowdown=3.0, fixed_s=0.0, per_sequence_s=0.0, batches=(1, 2, 4, 8)
 
 def test_profile_table_derives_bound_ratio_and_achieved_flops():
     profile = _profile(slowdown=3.0)
-    table = roof.profile_table(profile)
+    table = roofline_tables.profile_table(profile)
     assert len(table) == 3 + 8
     assert list(table.columns[:5]) == ["phase", "tokens", "batch", "context", "measured ms"]
     assert table["× bound"].to_list() == pytest.approx([3.0] * len(table))
@@ -61,23 +62,23 @@ def test_profile_table_derives_bound_ratio_and_achieved_flops():
 
 def test_decode_cost_fit_recovers_a_line_and_ignores_an_outlier():
     profile = _profile(fixed_s=2e-3, per_sequence_s=1e-4, batches=(1, 2, 4, 8, 16))
-    fit = roof.decode_cost_fit(profile)
+    fit = decode_fit.decode_cost_fit(profile)
     assert fit == pytest.approx({"context_tokens": 64.0, "fixed_s": 2e-3, "per_sequence_s": 1e-4})
     # One step slowed down 30× by another process moves a least-squares line far; the median fit stays put.
     points = list(profile.decode)
     points[3] = DecodePoint(8, 64, 64, 30 * points[3].step_s, (), None, points[3].predicted)
     noisy = Profile(**{**vars(profile), "decode": tuple(points)})
-    assert roof.decode_cost_fit(noisy) == pytest.approx(fit)
-    assert roof.decode_cost_fit(profile, 512)["context_tokens"] == 512
+    assert decode_fit.decode_cost_fit(noisy) == pytest.approx(fit)
+    assert decode_fit.decode_cost_fit(profile, 512)["context_tokens"] == 512
     with pytest.raises(ValueError, match="two or more batch sizes"):
-        roof.decode_cost_fit(_profile(batches=(4,)))
+        decode_fit.decode_cost_fit(_profile(batches=(4,)))
     with pytest.raises(ValueError, match="no decode points"):
-        roof.decode_cost_fit(Profile(**{**vars(profile), "decode": ()}))
+        decode_fit.decode_cost_fit(Profile(**{**vars(profile), "decode": ()}))
 
 
 def test_roofline_figure_places_points_under_the_roof():
     profile = _profile(slowdown=4.0)
-    fig = roof.roofline_figure(profile)
+    fig = roofline_figures.roofline_figure(profile)
     names = [trace.name for trace in fig.data]
     assert names[:3] == ["roof (measured probes)", "ridge point: 100 FLOP/byte", "roofline bound"]
     assert names[3] == "prefill (prompt tokens)" and len(names) == 4 + 2  # one decode trace per context
@@ -96,7 +97,7 @@ def test_roofline_figure_places_points_under_the_roof():
 
 def test_measured_vs_predicted_figure_pairs_every_line_with_its_bound():
     profile = _profile()
-    fig = roof.measured_vs_predicted_figure(profile)
+    fig = roofline_figures.measured_vs_predicted_figure(profile)
     assert len(fig.data) == 2 + 2 * 2
     measured, bound = fig.data[0], fig.data[1]
     assert list(measured.x) == [16, 128, 1024]
@@ -109,26 +110,26 @@ def test_profile_of_the_real_engine_fits_the_tables():
     profile = profiler.profile(
         llm, TOY, prompt_lengths=(8, 32), batch_sizes=(1, 4), context_lengths=(16,), repeats=1, decode_steps=2
     )
-    table = roof.profile_table(profile)
+    table = roofline_tables.profile_table(profile)
     assert len(table) == 4 and (table["measured ms"] > 0).all() and (table["bound ms"] > 0).all()
     assert table["measured ms"].map(math.isfinite).all()
-    fit = roof.decode_cost_fit(profile)
+    fit = decode_fit.decode_cost_fit(profile)
     assert set(fit) == {"context_tokens", "fixed_s", "per_sequence_s"}
-    assert len(roof.roofline_figure(profile).data) == 5
+    assert len(roofline_figures.roofline_figure(profile).data) == 5
 
 
 # --- GPUs, predicted ----------------------------------------------------------------------------------------
 
 
 def test_attention_intensity_table():
-    table = roof.attention_intensity_table([(1, 4096), (4096, 4096)])
+    table = roofline_tables.attention_intensity_table([(1, 4096), (4096, 4096)])
     assert table["S·T/(S+T)"].to_list() == pytest.approx([4096 / 4097, 2048])
     assert table["MHA (bfloat16)"].to_list() == pytest.approx(table["S·T/(S+T)"].to_list())
     assert table.loc[0, "GQA g=4 (bfloat16)"] == pytest.approx(4 * 4096 / (4096 + 4))
 
 
 def test_gpu_predictions_table_for_llama_3_8b():
-    table = roof.gpu_predictions_table("Llama-3-8B", prompt_tokens=2048, batch=64, context_tokens=2048)
+    table = roofline_tables.gpu_predictions_table("Llama-3-8B", prompt_tokens=2048, batch=64, context_tokens=2048)
     assert list(table.index) == [hw.name for hw in HARDWARE.values()]
     assert round(table.loc["H100 SXM", "critical batch"]) == 295
     assert round(table.loc["H200 SXM", "critical batch"]) == 206
@@ -141,7 +142,7 @@ def test_gpu_predictions_table_for_llama_3_8b():
 
 
 def test_gpu_rooflines_figure_draws_each_roof_and_each_phase():
-    fig = roof.gpu_rooflines_figure("Llama-3-8B", gpus=("H100", "L4"), prompt_tokens=2048, batches=(1, 64))
+    fig = gpu_figures.gpu_rooflines_figure("Llama-3-8B", gpus=("H100", "L4"), prompt_tokens=2048, batches=(1, 64))
     assert [t.name for t in fig.data[:2]] == ["H100 SXM", "L4"]
     phases = fig.data[2:]
     assert len(phases) == 3 and phases[0].name.startswith("prefill 2048: 1,943 FLOP/byte")
@@ -150,7 +151,7 @@ def test_gpu_rooflines_figure_draws_each_roof_and_each_phase():
 
 
 def test_decode_sweep_invariants():
-    sweep = roof.decode_sweep("Llama-3-8B", "H100", [1, 8, 64, 512, 4096], [128, 8192])
+    sweep = roofline_tables.decode_sweep("Llama-3-8B", "H100", [1, 8, 64, 512, 4096], [128, 8192])
     assert sweep["tokens/s"].to_list() == pytest.approx((sweep["batch"] / sweep["step_s"]).to_list())
     for _, rows in sweep.groupby("context"):
         assert rows["step_s"].is_monotonic_increasing
@@ -160,7 +161,9 @@ def test_decode_sweep_invariants():
 
 
 def test_critical_batch_figure_marks_the_critical_batch_and_what_does_not_fit():
-    fig = roof.critical_batch_figure("Llama-3-8B", "H100", batches=[1, 16, 256, 4096], contexts_tokens=[128, 16384])
+    fig = gpu_figures.critical_batch_figure(
+        "Llama-3-8B", "H100", batches=[1, 16, 256, 4096], contexts_tokens=[128, 16384]
+    )
     critical = next(t for t in fig.data if t.name.startswith("critical batch"))
     assert list(critical.x) == pytest.approx([989e12 / 3.35e12] * 2)
     dotted = [t for t in fig.data if t.line.dash == "dot"]
@@ -212,23 +215,27 @@ def test_explorer_extra_hardware_and_models():
 
 def test_summary_html_and_durations():
     fits = lab.roofline_explorer_result("Llama-3-8B", "H100", 1, 2048)
-    assert "memory-bound on H100 SXM" in roof.explorer_summary_html(fits)
-    assert "do not fit" not in roof.explorer_summary_html(fits)
-    assert "do not fit" in roof.explorer_summary_html(lab.roofline_explorer_result("Llama-3-70B", "L4", 1, 2048))
-    assert roof.format_seconds(0.0042) == "4.20 ms"
-    assert roof.format_seconds(2.5) == "2.5 s"
-    assert roof.format_seconds(16e-6) == "16.00 µs"
-    assert roof.format_seconds(3e-9) == "3.0 ns"
+    assert "memory-bound on H100 SXM" in roofline_widget.explorer_summary_html(fits)
+    assert "do not fit" not in roofline_widget.explorer_summary_html(fits)
+    assert "do not fit" in roofline_widget.explorer_summary_html(
+        lab.roofline_explorer_result("Llama-3-70B", "L4", 1, 2048)
+    )
+    assert roofline_widget.format_seconds(0.0042) == "4.20 ms"
+    assert roofline_widget.format_seconds(2.5) == "2.5 s"
+    assert roofline_widget.format_seconds(16e-6) == "16.00 µs"
+    assert roofline_widget.format_seconds(3e-9) == "3.0 ns"
 
 
 def test_widget_updates_through_the_callback():
     box = lab.roofline_explorer(models={"tiny": SMALL}, hardware={"this machine": TOY})
     choice, gpu, batch, context, readout = box.children
     assert "tiny" in choice.options and "this machine" in gpu.options
-    assert readout.value == roof.explorer_summary_html(lab.roofline_explorer_result("Llama-3-8B", "H100", 1, 2048))
+    assert readout.value == roofline_widget.explorer_summary_html(
+        lab.roofline_explorer_result("Llama-3-8B", "H100", 1, 2048)
+    )
     batch.value = 4096
     context.value = 128
     assert "compute-bound" in readout.value
     gpu.value = "this machine"
     choice.value = "tiny"
-    assert readout.value == roof.explorer_summary_html(lab.roofline_explorer_result(SMALL, TOY, 4096, 128))
+    assert readout.value == roofline_widget.explorer_summary_html(lab.roofline_explorer_result(SMALL, TOY, 4096, 128))

@@ -57,6 +57,16 @@ class BenchmarkResult:
         return out
 
 
+def relabel(result: BenchmarkResult, *labels: str) -> BenchmarkResult:
+    """The same runs under new labels (one per run, in order): the arrival alone names a run ``rate=4``, and
+    two workloads at the same rate would share a label, and be pooled by anything that groups by it."""
+    if len(labels) != len(result.runs):
+        raise ValueError(f"{len(result.runs)} runs need {len(result.runs)} labels, got {len(labels)}")
+    runs = [replace(run, label=label) for run, label in zip(result.runs, labels)]
+    summaries = [{**summary, "label": label} for summary, label in zip(result.summaries, labels)]
+    return BenchmarkResult(runs, summaries, result.config, result.environment)
+
+
 def run_benchmark(
     client: ClientConfig,
     requests: Sequence[BenchRequest],

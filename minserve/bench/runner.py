@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -72,17 +73,22 @@ async def run_closed_loop(
     return [r for r in results if r is not None]
 
 
-async def run_once(
-    requests: Sequence[BenchRequest],
-    arrival: OpenLoop | ClosedLoop,
-    config: ClientConfig,
-    progress: bool = True,
-) -> RunResult:
-    """One run of ``requests`` against the server in ``config``, open or closed loop."""
+# What a run's loop does with the client: send every request through ``send``, reading time on ``clock``.
+Walk = Callable[[Send, Callable[[], float]], Awaitable[list[RequestResult]]]
+
+
+async def timed_run(
+    config: ClientConfig, walk: Walk, on_result: Callable[[], None] = lambda: None
+) -> tuple[list[RequestResult], float, float]:
+    """Open the run's HTTP client, start its clock, and let ``walk`` send through them.
+
+    Returns the results, the run's wall time and the client's CPU time over it (both seconds). This is the
+    one place a run's client is made: every load shape (open loop, closed loop, the workers of
+    :mod:`minserve.bench.omission`) measures on the same connections, timeout and clock. ``on_result`` is
+    called after each request ends (a progress bar).
+    """
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(config.timeout_s)
-    bar = tqdm(total=len(requests), desc=arrival.label, unit="req", disable=not progress, leave=False)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(config.timeout_s)) as http:
         # The clock starts once the client exists: building it (an SSL context, ~30 ms) is no request's lag.
         start, cpu_start = time.perf_counter(), time.process_time()
 
@@ -91,15 +97,29 @@ async def run_once(
 
         async def send(request: BenchRequest, intended_s: float) -> RequestResult:
             result = await send_request(http, config, request, intended_s, clock)
-            bar.update(1)
+            on_result()
             return result
 
-        if isinstance(arrival, OpenLoop):
-            results = await run_open_loop(requests, arrival.timetable(len(requests)), send, clock)
-        else:
-            results = await run_closed_loop(requests, arrival.concurrency, send, clock)
+        results = await walk(send, clock)
         duration_s = clock()  # the last request has ended; closing the pool is not part of the run
         client_cpu_s = time.process_time() - cpu_start
+    return results, duration_s, client_cpu_s
+
+
+async def run_once(
+    requests: Sequence[BenchRequest],
+    arrival: OpenLoop | ClosedLoop,
+    config: ClientConfig,
+    progress: bool = True,
+) -> RunResult:
+    """One run of ``requests`` against the server in ``config``, open or closed loop."""
+    walk: Walk
+    if isinstance(arrival, OpenLoop):
+        walk = functools.partial(run_open_loop, requests, arrival.timetable(len(requests)))
+    else:
+        walk = functools.partial(run_closed_loop, requests, arrival.concurrency)
+    bar = tqdm(total=len(requests), desc=arrival.label, unit="req", disable=not progress, leave=False)
+    results, duration_s, client_cpu_s = await timed_run(config, walk, lambda: bar.update(1))
     bar.close()
     return RunResult(arrival.label, arrival, results, duration_s, client_cpu_s)
 

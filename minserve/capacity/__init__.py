@@ -22,7 +22,7 @@ from minserve.capacity.kv import (
     paged_kv_bytes,
     wasted_slots,
 )
-from minserve.capacity.memory import Fit, estimate_params, fit, weights_bytes
+from minserve.capacity.memory import Fit, estimate_params, fit, weights_and_kv_bytes, weights_bytes
 from minserve.capacity.presets import GPU_MEMORY_BYTES, MODEL_PRESETS, gpu_memory_bytes, model_preset
 from minserve.capacity.roofline import (
     HARDWARE,
@@ -87,6 +87,7 @@ __all__ = [
     "prefill_time_s",
     "ridge_point_flops_per_byte",
     "wasted_slots",
+    "weights_and_kv_bytes",
     "weights_bytes",
     "weights_read_bytes",
 ]

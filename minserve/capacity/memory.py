@@ -15,6 +15,7 @@ from minserve.capacity.kv import (
     blocks_per_sequence,
     dtype_bytes,
     kv_bytes_per_token,
+    kv_bytes_total,
     max_concurrent_sequences,
     model_config,
 )
@@ -51,6 +52,16 @@ def estimate_params(config: ModelConfig) -> int:
 def weights_bytes(config: ModelConfig, dtype: Dtype = "bfloat16") -> int:
     """Bytes of the weights: parameters × bytes per weight."""
     return estimate_params(config) * dtype_bytes(dtype)
+
+
+def weights_and_kv_bytes(model: ModelLike, batch: int, context_tokens: int, dtype: Dtype = "bfloat16") -> int:
+    """Bytes of the weights plus ``batch`` sequences' KV of ``context_tokens`` each, in one ``dtype``.
+
+    The plain sum, with no allowance for activations or block rounding: the least memory the work needs.
+    :func:`fit` is the stricter check a deployment makes.
+    """
+    config = model_config(model)
+    return weights_bytes(config, dtype) + kv_bytes_total(config, context_tokens, batch, dtype)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from minserve.lab.figures import latency_ecdf, latency_histogram
 from minserve.lab.kv import kv_calculator, kv_calculator_result, kv_memory_figure
 from minserve.lab.notebook import setup_notebook
 from minserve.lab.playground import playground_result, scheduling_playground
-from minserve.lab.roofline import roofline_explorer, roofline_explorer_result
+from minserve.lab.roofline_widget import roofline_explorer, roofline_explorer_result
 from minserve.lab.tables import contract_table, percentile_table
 from minserve.lab.theme import TEMPLATE_NAME, use_course_theme
 from minserve.lab.widgets import attainment_for_thresholds, slo_explorer
@@ -47,7 +47,7 @@ __all__ = [
 
 # Chapter 10's helpers drive the load tester, which needs the ``server`` extra (httpx, prometheus-client):
 # imported on first use, so that ``import minserve.lab`` works with the ``lab`` extra alone.
-_LAZY = {name: "minserve.lab.loadtest" for name in ("bundle_explorer", "explore_run", "load_bundle")}
+_LAZY = {name: "minserve.lab.bundle_view" for name in ("bundle_explorer", "explore_run", "load_bundle")}
 
 
 def __getattr__(name: str):
