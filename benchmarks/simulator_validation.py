@@ -48,11 +48,12 @@ from minserve.engine.driver import Arrival, drive
 from minserve.workload import poisson_arrivals
 
 COMPARED = (
-    ("ttft_p50_ms", "TTFT p50 ms"),
-    ("ttft_p90_ms", "TTFT p90 ms"),
-    ("tpot_p50_ms", "TPOT p50 ms"),
-    ("output_tokens_per_s", "tokens/s"),
-    ("throughput_rps", "requests/s"),
+    # (key path in an slo.summarize dict, as slo.lookup reads it; its name in the printed table)
+    ("ttft_ms.p50", "TTFT p50 ms"),
+    ("ttft_ms.p90", "TTFT p90 ms"),
+    ("tpot_ms.p50", "TPOT p50 ms"),
+    ("output_throughput_tps", "tokens/s"),
+    ("request_throughput_rps", "requests/s"),
 )
 TARGET = 0.20
 
@@ -94,7 +95,8 @@ def run_simulator(cost, config: SchedulerConfig, prompts, outputs, arrivals_s) -
 
 
 def compare(measured: dict, simulated: dict) -> dict:
-    return {key: (simulated[key] - measured[key]) / measured[key] for key, _ in COMPARED}
+    pairs = {key: (slo.lookup(measured, key), slo.lookup(simulated, key)) for key, _ in COMPARED}
+    return {key: (sim - mine) / mine for key, (mine, sim) in pairs.items()}
 
 
 def environment(threads: int) -> dict:
@@ -171,7 +173,7 @@ def main() -> int:
         return run
 
     capacity_run = one_run("capacity", float("inf"), 0)
-    capacity = capacity_run["measured"]["throughput_rps"]
+    capacity = capacity_run["measured"]["request_throughput_rps"]
     for index, (label, factor) in enumerate((("low", args.low), ("near", args.near), ("over", args.over)), start=1):
         one_run(label, factor * capacity, index)
 
@@ -184,7 +186,8 @@ def main() -> int:
     print(f"{'':<10}{'':>8}  " + "".join(f"{'measured  sim   error':>30}" for _ in COMPARED))
     for run in runs:
         cells = "".join(
-            f"{run['measured'][key]:>12.2f}{run['simulated'][key]:>9.2f}{run['relative_error'][key]:>+8.0%} "
+            f"{slo.lookup(run['measured'], key):>12.2f}{slo.lookup(run['simulated'], key):>9.2f}"
+            f"{run['relative_error'][key]:>+8.0%} "
             for key, _ in COMPARED
         )
         rate = "inf" if run["rate_rps"] is None else f"{run['rate_rps']:.2f}"

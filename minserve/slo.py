@@ -8,8 +8,16 @@ numbers that contract speaks in:
   goodput (:func:`goodput_rps`), throughput, availability and error budget;
 * in money: cost per million tokens from $/accelerator-hour and measured throughput.
 
-It is one module (about 480 lines) because it is one vocabulary: the load tester, the simulator and every
+It is one module (about 520 lines) because it is one vocabulary: the load tester, the simulator and every
 chapter speak it, and each definition is short.
+
+One summary, one key scheme: :func:`summarize` nests each latency distribution under its metric
+(``summary["ttft_ms"]["p99"]``, read by key path with :func:`lookup`: ``"ttft_ms.p99"``) and names the
+throughputs as vLLM's benchmark does, with units (``request_throughput_rps``, ``output_throughput_tps``).
+Nested because a distribution is one object (:func:`distribution_ms`): a percentile added to it reaches
+every summary and table at once, and the ``summary.json`` bundles the load tester has saved already read
+this way. The simulator, the lab's engine runs and the load tester (which adds only its own extras) all
+call it.
 
 Every time is in seconds (``_s``) unless a name says ``_ms``. Timestamps come from one monotonic clock
 (``time.perf_counter``): only their differences mean anything. The module needs nothing beyond the standard
@@ -20,9 +28,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,6 +38,7 @@ if TYPE_CHECKING:
 Status = Literal["ok", "failed", "cancelled"]
 STATUSES: tuple[str, ...] = ("ok", "failed", "cancelled")
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+SUMMARY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")  # the latencies a summary reports
 SECONDS_PER_HOUR = 3600.0
 
 
@@ -276,22 +285,46 @@ def distribution_ms(values_s: Sequence[float], percentiles: Sequence[float] = DE
     return row | {f"p{q:g}": percentile(values_ms, q) for q in percentiles}
 
 
-def summarize(records: Sequence[RequestRecord], slo_target: SLO | None = None) -> dict[str, float]:
-    """The numbers two runs are compared on, flat: ``{metric}_{statistic}_ms`` for TTFT, TPOT, ITL and E2E
-    (``ttft_p90_ms``, ``tpot_mean_ms``…, from :func:`distribution_ms`), request and output-token throughput
-    over the measured window, and goodput and attainment under an SLO. A simulation and a measured engine
-    run are summarized by this same function."""
-    out: dict[str, float] = {"requests": len(records), "ok": sum(r.ok for r in records)}
-    for metric in ("ttft", "tpot", "itl", "e2e"):
-        for statistic, value in distribution_ms(metric_values_s(records, metric)).items():
-            if statistic != "count":
-                out[f"{metric}_{statistic}_ms"] = value
-    out["throughput_rps"] = request_throughput_rps(records)
-    out["output_tokens_per_s"] = token_throughput_tps(records)
+def summarize(
+    records: Sequence[RequestRecord],
+    slo_target: SLO | None = None,
+    window: float | None = None,
+    itl_values_s: Sequence[float] | None = None,
+) -> dict[str, Any]:
+    """The numbers two runs are compared on: the one summary of a run, for a simulation, a measured engine run
+    and a load test alike (:func:`minserve.bench.metrics.summarize` adds the load tester's extras to it).
+
+    Keys: ``requests`` and a count per status (``ok``, ``failed``, ``cancelled``); ``ttft_ms``, ``tpot_ms``,
+    ``itl_ms`` and ``e2e_ms``, each a :func:`distribution_ms` (``summary["ttft_ms"]["p90"]``, or
+    ``lookup(summary, "ttft_ms.p90")``); ``request_throughput_rps`` and ``output_throughput_tps`` over
+    ``window`` seconds (default: the measured window); under an SLO, ``goodput_rps`` and ``attainment``
+    (per target and ``"all"``, as :func:`attainment`).
+
+    Why nested: a distribution is one object, so a percentile added to :data:`DEFAULT_PERCENTILES` appears in
+    every summary and every table at once, and the ``summary.json`` bundles already saved keep reading the
+    same way. The throughput names are vLLM's benchmark names with their units.
+
+    ``itl_values_s`` replaces the records' own inter-token gaps, for a client that sees chunks rather than
+    tokens (the load tester pools the gaps between chunks, as vLLM does).
+    """
+    out: dict[str, Any] = {"requests": len(records)} | {s: sum(r.status == s for r in records) for s in STATUSES}
+    for metric in SUMMARY_METRICS:
+        own = metric != "itl" or itl_values_s is None
+        out[f"{metric}_ms"] = distribution_ms(metric_values_s(records, metric) if own else itl_values_s)
+    out["request_throughput_rps"] = request_throughput_rps(records, window)
+    out["output_throughput_tps"] = token_throughput_tps(records, window)
     if slo_target is not None:
-        out["goodput_rps"] = goodput_rps(records, slo_target)
-        out["attainment"] = attainment(records, slo_target)["all"]
+        out["goodput_rps"] = goodput_rps(records, slo_target, window)
+        out["attainment"] = attainment(records, slo_target)
     return out
+
+
+def lookup(summary: Mapping[str, Any], key_path: str) -> Any:
+    """``lookup(s, "ttft_ms.p99")`` is ``s["ttft_ms"]["p99"]``, or ``None`` where a key is missing."""
+    value: Any = summary
+    for key in key_path.split("."):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
 
 
 # --- attainment and goodput --------------------------------------------------------------------------------

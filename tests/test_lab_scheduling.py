@@ -202,7 +202,7 @@ def test_capacity_validation_and_sweep():
         COST, SMALL, lambda rate: experiments.mixed_workload(60, rate, seed=1), policies, [2.0, 8.0], target, 768
     )
     assert list(sweep["policy"]) == ["FCFS", "SPF", "FCFS", "SPF"] and list(sweep["rate_rps"]) == [2, 2, 8, 8]
-    assert (sweep["goodput_rps"] <= sweep["throughput_rps"] + 1e-12).all() and (sweep["requests"] == 60).all()
+    assert (sweep["goodput_rps"] <= sweep["request_throughput_rps"] + 1e-12).all() and (sweep["requests"] == 60).all()
     assert {"ttft_short_p99_ms", "ttft_long_max_ms", "sim_wall_s", "virtual_s"} <= set(sweep.columns)
     assert len(scheduling.sweep_figure(sweep).data) == 2 * 3
 
@@ -233,7 +233,7 @@ PLAYGROUND = playground.Playground(COST, SMALL, num_requests=80, slo_target=slo.
 def test_playground_result_invariants():
     result = playground.playground_result(PLAYGROUND, "fcfs", 4.0)
     assert result["error"] == "" and result["requests"] == 80
-    assert result["goodput_rps"] <= result["throughput_rps"]
+    assert result["goodput_rps"] <= result["request_throughput_rps"]
     assert result["max_step_tokens"] <= SMALL.max_num_batched_tokens
     again = playground.playground_result(PLAYGROUND, "fcfs", 4.0)
     assert {k: v for k, v in again.items() if k != "wall_s"} == {k: v for k, v in result.items() if k != "wall_s"}
@@ -264,4 +264,4 @@ def test_playground_policies_and_widget():
     blocks.value = blocks.min
     assert "KV cache" in readout.value or "goodput" in readout.value
     assert lab.playground_result is playground.playground_result and lab.run_engine is engine_runs.run_engine
-    assert math.isfinite(playground.playground_result(PLAYGROUND, choices["FCFS"], 1.0)["ttft_p50_ms"])
+    assert math.isfinite(playground.playground_result(PLAYGROUND, choices["FCFS"], 1.0)["ttft_ms"]["p50"])

@@ -236,10 +236,10 @@ def test_more_load_means_more_queueing_until_throughput_saturates():
     for rate in (2, 8, math.inf):
         requests = make_requests(poisson_arrivals(300, rate, seed=1), lengths, 64)
         summaries.append(sim.simulate(requests, CPU_LIKE).summary())
-    ttft = [s["ttft_p50_ms"] for s in summaries]
+    ttft = [s["ttft_ms"]["p50"] for s in summaries]
     assert ttft[0] < ttft[1] < ttft[2]
-    assert summaries[0]["throughput_rps"] == pytest.approx(2, rel=0.3)
-    assert summaries[2]["throughput_rps"] > summaries[1]["throughput_rps"]
+    assert summaries[0]["request_throughput_rps"] == pytest.approx(2, rel=0.3)
+    assert summaries[2]["request_throughput_rps"] > summaries[1]["request_throughput_rps"]
 
 
 # --- block accounting ----------------------------------------------------------------------------------------
@@ -502,7 +502,7 @@ def test_plan_calibrate_then_simulate(tmp_path, capsys):
     assert "policy spf, max_num_seqs 16" in out and "TTFT p50" in out
     runs = json.loads(out_json.read_text())["runs"]
     assert [run["rate_rps"] for run in runs] == [2.0, None] and all(run["ok"] == 40 for run in runs)
-    assert 0 <= runs[0]["goodput_rps"] <= runs[0]["throughput_rps"]
+    assert 0 <= runs[0]["goodput_rps"] <= runs[0]["request_throughput_rps"]
 
 
 def test_plan_simulate_bad_input_exits_with_a_message(tmp_path, capsys):

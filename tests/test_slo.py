@@ -249,3 +249,25 @@ def test_evaluate_row():
     assert row["goodput_rps"] == pytest.approx(0.2)
     assert row["availability"] == pytest.approx(4 / 5)
     assert row["usd_per_million_tokens"] == pytest.approx(3.6 / 3600 / 3.1 * 1e6)
+
+
+def test_summarize_is_one_key_scheme_for_the_simulator_and_the_load_tester():
+    """Distributions nest under their metric; the load tester's summary is this one plus its own extras."""
+    from minserve.bench.arrivals import OpenLoop
+    from minserve.bench.client import RequestResult
+    from minserve.bench.metrics import summarize as bench_summarize
+    from minserve.bench.metrics import to_slo_record
+    from minserve.bench.runner import RunResult
+
+    results = [
+        RequestResult(i, float(i), float(i), [i + 0.1, i + 0.11, i + 0.12], i + 0.12, output_tokens=3) for i in range(4)
+    ]
+    run = RunResult("rate=1", OpenLoop(1.0), results, duration_s=4.0)
+    summary = slo.summarize([to_slo_record(r) for r in results], CHAT, window=4.0)
+    assert set(summary["ttft_ms"]) == {"count", "mean", "p50", "p90", "p95", "p99"}
+    assert slo.lookup(summary, "ttft_ms.p50") == pytest.approx(100.0)
+    assert summary["request_throughput_rps"] == pytest.approx(1.0) and summary["attainment"]["all"] == 1.0
+    bench = bench_summarize(run, CHAT)
+    # One chunk per token here, so the chunks' gaps (the load tester's ITL) are the tokens' gaps.
+    assert {key: bench[key] for key in summary} == summary
+    assert {"label", "errors", "client_lag_ms", "verdict"} <= set(bench) - set(summary)  # only extras added

@@ -24,7 +24,8 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from minserve import slo
-from minserve.bench.report import TABLE_COLUMNS, cell_text, lookup
+from minserve.bench.report import TABLE_COLUMNS, cell_text
+from minserve.slo import lookup
 
 BUNDLE_NAME = "report.html"
 METRICS_MS: tuple[tuple[str, str], ...] = (

@@ -24,8 +24,6 @@ from minserve.bench.arrivals import ClosedLoop
 from minserve.bench.client import RequestResult
 from minserve.bench.runner import RunResult
 
-LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2e")
-
 
 def to_slo_record(result: RequestResult) -> slo.RequestRecord:
     """A :class:`minserve.slo.RequestRecord` with one timestamp per *token*, so TPOT uses the usage count.
@@ -107,37 +105,29 @@ def summarize(
 ) -> dict[str, Any]:
     """Everything the report prints for one run, as plain JSON-able values (times in ms, rates per s).
 
-    With a ``contract``: goodput, attainment and the :func:`verdict`; with ``pricing``: the cost per
-    million output tokens at the measured throughput.
+    The latencies, throughputs, goodput and attainment are :func:`minserve.slo.summarize`'s, over the run's
+    wall time and with ITL between chunks; this adds only what a load tester knows: the label, error kinds,
+    the offered rate, token totals, the client's lag and CPU, and with a ``contract`` the :func:`verdict`,
+    with ``pricing`` the cost per million output tokens at the measured throughput.
     """
     results, window = run.results, run.duration_s
     records = [to_slo_record(r) for r in results]
-    statuses = Counter(r.status for r in results)
+    measured = slo.summarize(records, contract, window, itl_values_s=chunk_itl_s(results))
     summary: dict[str, Any] = {
         "label": run.label,
-        "requests": len(results),
-        "ok": statuses["ok"],
-        "failed": statuses["failed"],
-        "cancelled": statuses["cancelled"],
+        **measured,
         "errors": dict(Counter(r.error for r in results if r.error)),
         "duration_s": window,
         "offered_rps": offered_rps(run),
-        "request_throughput_rps": slo.request_throughput_rps(records, window),
-        "output_throughput_tps": slo.token_throughput_tps(records, window),
         "total_prompt_tokens": sum(r.prompt_tokens for r in results if r.status == "ok"),
         "total_output_tokens": sum(r.output_tokens for r in results if r.status == "ok"),
         "output_tokens_source": dict(Counter(r.output_tokens_source for r in results)),
     }
-    for metric in LATENCY_METRICS:
-        values = chunk_itl_s(results) if metric == "itl" else slo.metric_values_s(records, metric)
-        summary[f"{metric}_ms"] = slo.distribution_ms(values)
     summary["client_lag_ms"] = slo.distribution_ms([r.client_lag_s for r in results])
     summary["client_cpu_s"] = run.client_cpu_s
     summary["client_cpu_util"] = run.client_cpu_s / window if window > 0 else math.nan
     if contract is not None:
         summary["slo"] = {"name": contract.name, **{f"{k}_ms": v * 1e3 for k, v in contract.targets().items()}}
-        summary["goodput_rps"] = slo.goodput_rps(records, contract, window)
-        summary["attainment"] = slo.attainment(records, contract)
         summary["verdict"] = verdict(records, contract, required_attainment)
     if pricing is not None:
         summary["usd_per_million_output_tokens"] = slo.cost_per_million_tokens(

@@ -16,6 +16,7 @@ from typing import Any
 
 from minserve.bench.metrics import per_request_metrics
 from minserve.bench.runner import RunResult
+from minserve.slo import lookup
 
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     # (header, key path in a run summary)
@@ -71,14 +72,6 @@ def write_summary(
     """``{"config": ..., "environment": ..., "runs": [...]}`` as indented JSON."""
     document = {"config": config, "environment": environment or {}, "runs": list(summaries)}
     Path(path).write_text(json.dumps(json_safe(document), indent=2) + "\n")
-
-
-def lookup(summary: dict[str, Any], key_path: str) -> Any:
-    """``lookup(s, "ttft_ms.p99")`` is ``s["ttft_ms"]["p99"]``, or ``None`` where a key is missing."""
-    value: Any = summary
-    for key in key_path.split("."):
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
 
 
 def cell_text(value: Any) -> str:

@@ -181,10 +181,11 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
         summary = Simulator(cost, config).run(requests).summary(target)
         rows.append({"rate_rps": rate if math.isfinite(rate) else None, **summary})  # None: all at once
         goodput = f"{summary['goodput_rps']:.2f}" if target is not None else "-"
+        ttft, tpot = summary["ttft_ms"], summary["tpot_ms"]
         print(
-            f"{rate:>7.3g}{summary['ttft_p50_ms']:>10.1f}{summary['ttft_p90_ms']:>9.1f}{summary['ttft_p99_ms']:>9.1f}"
-            f"{summary['tpot_p50_ms']:>10.2f}{summary['tpot_p90_ms']:>8.2f}{summary['itl_p99_ms']:>9.1f}"
-            f"{summary['e2e_p50_ms']:>9.0f}{summary['throughput_rps']:>8.2f}{summary['output_tokens_per_s']:>8.0f}"
+            f"{rate:>7.3g}{ttft['p50']:>10.1f}{ttft['p90']:>9.1f}{ttft['p99']:>9.1f}"
+            f"{tpot['p50']:>10.2f}{tpot['p90']:>8.2f}{summary['itl_ms']['p99']:>9.1f}{summary['e2e_ms']['p50']:>9.0f}"
+            f"{summary['request_throughput_rps']:>8.2f}{summary['output_throughput_tps']:>8.0f}"
             f"{goodput:>9}{summary['preemptions']:>8}{summary['steps']:>8}{summary['wall_s']:>7.2f}"
         )
     if args.json is not None:

@@ -48,7 +48,7 @@ def mixed_workload(
 def capacity_rps(cost: StepCostModel, config: SchedulerConfig, requests: Sequence[SimRequest]) -> float:
     """Requests per second the simulated engine finishes when every request arrives at once."""
     at_once = [SimRequest(0.0, r.prompt_token_ids, r.output_tokens, r.priority, None, r.request_id) for r in requests]
-    return Simulator(cost, config).run(at_once).summary()["throughput_rps"]
+    return Simulator(cost, config).run(at_once).summary()["request_throughput_rps"]
 
 
 def class_summary(result: SimResult, long_threshold: int) -> dict[str, float]:

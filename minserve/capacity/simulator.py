@@ -157,7 +157,7 @@ class SimResult:
         """Every request as :mod:`minserve.slo` sees it (a request stopped at its deadline is ``failed``)."""
         return [r.record for r in self.requests]
 
-    def summary(self, slo_target: slo.SLO | None = None) -> dict[str, float]:
+    def summary(self, slo_target: slo.SLO | None = None) -> dict[str, Any]:
         """:func:`minserve.slo.summarize` of the records, plus steps and preemptions."""
         return slo.summarize(self.records, slo_target) | {
             "steps": len(self.steps),

@@ -105,7 +105,7 @@ class EngineRun:
             for out in self.outputs
         ]
 
-    def summary(self, slo_target: slo.SLO | None = None) -> dict[str, float]:
+    def summary(self, slo_target: slo.SLO | None = None) -> dict[str, Any]:
         """:func:`minserve.slo.summarize` of the run, plus its steps: what a simulation reports."""
         return slo.summarize(self.records, slo_target) | {"steps": len(self.steps), "wall_s": self.wall_s}
 

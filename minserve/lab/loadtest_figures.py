@@ -17,10 +17,10 @@ from plotly.subplots import make_subplots
 
 from minserve import slo
 from minserve.bench import bundle
-from minserve.bench.report import lookup
 from minserve.bench.rows import from_intended_ms, from_sent_ms
 from minserve.capacity.queueing import predicted_ttft_ms
 from minserve.lab.theme import COLORWAY, SLO_COLOR, register_course_theme
+from minserve.slo import lookup
 
 
 def workload_figure(lengths: pd.DataFrame) -> go.Figure:

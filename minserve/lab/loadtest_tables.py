@@ -21,9 +21,10 @@ from minserve import slo
 from minserve.bench import bundle, server_metrics
 from minserve.bench.arrivals import ClosedLoop
 from minserve.bench.benchmark import BenchmarkResult
-from minserve.bench.report import lookup, record_rows
+from minserve.bench.report import record_rows
 from minserve.bench.rows import from_intended_ms, from_sent_ms, max_in_flight, mean_in_flight
 from minserve.bench.workload import BenchRequest
+from minserve.slo import lookup
 
 
 def workload_lengths(requests: Sequence[BenchRequest], count_tokens: Callable[[str], int]) -> pd.DataFrame:

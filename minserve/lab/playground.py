@@ -59,15 +59,16 @@ def playground_result(
     rate_rps: float,
     chunked_prefill: bool = True,
     num_kv_blocks: int | None = None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The playground's whole callback: simulate the playground's workload at ``rate_rps`` under ``policy``, with
     chunked prefill on or off and ``num_kv_blocks`` KV blocks (default: the config's).
 
     Keys: everything :meth:`SimResult.summary` gives under the playground's SLO (``goodput_rps``,
-    ``attainment``, ``throughput_rps``, TTFT/TPOT percentiles in ms, ``steps``, ``preemptions``…), the short
-    and long requests' TTFT (:func:`class_summary`), ``max_step_tokens`` (the most tokens one step ran) and
-    ``error`` (``""``, or why the simulation could not run, e.g. a request bigger than the whole KV cache).
-    Invariants: ``goodput_rps ≤ throughput_rps``; the same arguments give the same numbers.
+    ``attainment``, ``request_throughput_rps``, the ``ttft_ms`` and ``tpot_ms`` distributions, ``steps``,
+    ``preemptions``…), the short and long requests' TTFT (:func:`class_summary`), ``max_step_tokens`` (the
+    most tokens one step ran) and ``error`` (``""``, or why the simulation could not run, e.g. a request
+    bigger than the whole KV cache).
+    Invariants: ``goodput_rps ≤ request_throughput_rps``; the same arguments give the same numbers.
     """
     config = SchedulerConfig(
         **{
@@ -100,15 +101,16 @@ def playground_html(result: Mapping[str, Any], slo_target: slo.SLO | None = None
         parts = [f"{k.upper()} ≤ {v * 1e3:g} ms" for k, v in slo_target.targets().items()]
         contract = " (" + ", ".join(parts) + ")"
     rows = [
-        (f"goodput{contract}", f"{result['goodput_rps']:.2f} req/s ({result['attainment']:.0%} of requests)"),
-        ("throughput", f"{result['throughput_rps']:.2f} req/s, {result['output_tokens_per_s']:,.0f} tokens/s"),
-        ("TTFT p50 / p99", f"{result['ttft_p50_ms']:,.0f} / {result['ttft_p99_ms']:,.0f} ms"),
+        (f"goodput{contract}", f"{result['goodput_rps']:.2f} req/s ({result['attainment']['all']:.0%} of requests)"),
+        ("throughput",
+         f"{result['request_throughput_rps']:.2f} req/s, {result['output_throughput_tps']:,.0f} tokens/s"),
+        ("TTFT p50 / p99", f"{result['ttft_ms']['p50']:,.0f} / {result['ttft_ms']['p99']:,.0f} ms"),
         ("short prompts: TTFT p50 / p99",
          f"{result['ttft_short_p50_ms']:,.0f} / {result['ttft_short_p99_ms']:,.0f} ms"),
         ("long prompts: TTFT p50 / longest",
          f"{result['ttft_long_p50_ms']:,.0f} / {result['ttft_long_max_ms']:,.0f} ms"),
-        ("TPOT p50 / p99", f"{result['tpot_p50_ms']:.1f} / {result['tpot_p99_ms']:.1f} ms"),
-        ("ITL p99", f"{result['itl_p99_ms']:.1f} ms"),
+        ("TPOT p50 / p99", f"{result['tpot_ms']['p50']:.1f} / {result['tpot_ms']['p99']:.1f} ms"),
+        ("ITL p99", f"{result['itl_ms']['p99']:.1f} ms"),
         ("steps, most tokens in one", f"{result['steps']:,}, {result['max_step_tokens']:,}"),
         ("preemptions", f"{result['preemptions']:,}"),
         ("simulated", f"{result['virtual_s']:.1f} s in {result['wall_s']:.2f} s"),

@@ -24,6 +24,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minserve import slo
 from minserve.capacity import experiments
 from minserve.capacity.experiments import (
     find_request,
@@ -240,10 +241,11 @@ def waiting_running_figure(runs: Mapping[str, EngineRun] | EngineRun, title: str
 
 
 COMPARED: tuple[tuple[str, str], ...] = (
-    ("ttft_p50_ms", "TTFT p50 (ms)"),
-    ("ttft_p90_ms", "TTFT p90 (ms)"),
-    ("tpot_p50_ms", "TPOT p50 (ms)"),
-    ("output_tokens_per_s", "output tokens/s"),
+    # (key path in a summary, as slo.lookup reads it; the table's name for it)
+    ("ttft_ms.p50", "TTFT p50 (ms)"),
+    ("ttft_ms.p90", "TTFT p90 (ms)"),
+    ("tpot_ms.p50", "TPOT p50 (ms)"),
+    ("output_throughput_tps", "output tokens/s"),
 )
 
 
@@ -256,10 +258,9 @@ def validation_table(
     for label, m in measured.items():
         s = simulated[label]
         for key, name in COMPARED:
-            ratio = s[key] / m[key] if m[key] else math.nan
-            rows.append(
-                {"run": label, "metric": name, "measured": m[key], "simulated": s[key], "sim / measured": ratio}
-            )
+            mine, sim = slo.lookup(m, key), slo.lookup(s, key)
+            ratio = sim / mine if mine else math.nan
+            rows.append({"run": label, "metric": name, "measured": mine, "simulated": sim, "sim / measured": ratio})
     return pd.DataFrame(rows).set_index(["run", "metric"])
 
 
@@ -294,8 +295,11 @@ def validation_figure(table: pd.DataFrame, title: str | None = None) -> go.Figur
 
 
 def policy_sweep(*args: Any, **kwargs: Any) -> pd.DataFrame:
-    """:func:`minserve.capacity.experiments.policy_sweep` as a table: one row per (policy, rate)."""
-    return pd.DataFrame(experiments.policy_sweep(*args, **kwargs))
+    """:func:`minserve.capacity.experiments.policy_sweep` as a table: one row per (policy, rate).
+
+    A summary's distributions become one column per statistic, named by key path (``ttft_ms.p50``, as
+    :func:`minserve.slo.lookup` reads it)."""
+    return pd.json_normalize(experiments.policy_sweep(*args, **kwargs))
 
 
 def sweep_figure(sweep: pd.DataFrame, title: str | None = None) -> go.Figure:
