@@ -478,7 +478,7 @@ class ContractReport:
     requests: int
     attainment: dict[str, float]
     goodput_rps: float
-    throughput_rps: float
+    request_throughput_rps: float
     tokens_per_s: float
     availability: float
     usd_per_million_tokens: float | None
@@ -511,7 +511,7 @@ def evaluate(
         requests=len(records),
         attainment=attainment(records, slo),
         goodput_rps=goodput_rps(records, slo, window),
-        throughput_rps=request_throughput_rps(records, window),
+        request_throughput_rps=request_throughput_rps(records, window),
         tokens_per_s=tokens_per_s,
         availability=availability(records),
         usd_per_million_tokens=cost,

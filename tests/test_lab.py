@@ -77,7 +77,7 @@ def test_attainment_for_thresholds_agrees_with_slo():
     result = lab.attainment_for_thresholds(records, ttft_ms=300, tpot_ms=50)
     assert result == pytest.approx(
         slo.attainment(records, CHAT)
-        | {"goodput_rps": slo.goodput_rps(records, CHAT), "throughput_rps": slo.request_throughput_rps(records)}
+        | {"goodput_rps": slo.goodput_rps(records, CHAT), "request_throughput_rps": slo.request_throughput_rps(records)}
     )
 
 
@@ -87,7 +87,7 @@ def test_tightening_a_threshold_never_raises_attainment():
         previous = None
         for ttft_ms in range(1000, 0, -50):  # tighter and tighter
             result = lab.attainment_for_thresholds(records, ttft_ms, tpot_ms)
-            assert result["goodput_rps"] <= result["throughput_rps"]
+            assert result["goodput_rps"] <= result["request_throughput_rps"]
             if previous is not None:
                 assert result["all"] <= previous["all"] and result["ttft"] <= previous["ttft"]
             previous = result
@@ -102,7 +102,8 @@ def test_slider_range():
 
 
 def test_summary_html_shows_every_number():
-    html = widgets.summary_html({"ttft": 0.5, "tpot": 0.25, "all": 0.125, "goodput_rps": 1.5, "throughput_rps": 3})
+    result = {"ttft": 0.5, "tpot": 0.25, "all": 0.125, "goodput_rps": 1.5, "request_throughput_rps": 3}
+    html = widgets.summary_html(result)
     for text in ("50%", "25%", "12%", "1.50 req/s", "3.00 req/s"):
         assert text in html
 

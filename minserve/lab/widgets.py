@@ -19,13 +19,13 @@ def attainment_for_thresholds(
 ) -> dict[str, float]:
     """Attainment (fractions) and goodput/throughput (requests/s) for a TTFT and a TPOT threshold in ms.
 
-    Keys: ``ttft``, ``tpot``, ``all`` (fractions of all requests), ``goodput_rps``, ``throughput_rps``.
-    Invariants: raising a threshold never lowers any attainment; ``goodput_rps ≤ throughput_rps``.
+    Keys: ``ttft``, ``tpot``, ``all`` (fractions of all requests), ``goodput_rps``, ``request_throughput_rps``.
+    Invariants: raising a threshold never lowers any attainment; ``goodput_rps ≤ request_throughput_rps``.
     """
     target = slo.SLO(name="explorer", ttft_s=ttft_ms / 1e3, tpot_s=tpot_ms / 1e3)
     return slo.attainment(records, target) | {
         "goodput_rps": slo.goodput_rps(records, target, window),
-        "throughput_rps": slo.request_throughput_rps(records, window),
+        "request_throughput_rps": slo.request_throughput_rps(records, window),
     }
 
 
@@ -48,7 +48,7 @@ def summary_html(result: dict[str, float]) -> str:
         ("TPOT met", f"{result['tpot']:.0%}"),
         ("both met", f"{result['all']:.0%}"),
         ("goodput", f"{result['goodput_rps']:.2f} req/s"),
-        ("throughput", f"{result['throughput_rps']:.2f} req/s"),
+        ("throughput", f"{result['request_throughput_rps']:.2f} req/s"),
     ]
     header = "".join(f"<th style='padding:0 12px'>{name}</th>" for name, _ in cells)
     values = "".join(f"<td style='padding:0 12px;text-align:center'>{value}</td>" for _, value in cells)
