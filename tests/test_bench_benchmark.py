@@ -9,7 +9,7 @@ import pytest
 
 from minserve.bench.arrivals import ClosedLoop, OpenLoop
 from minserve.bench.benchmark import salted
-from minserve.bench.client import RequestResult
+from minserve.bench.client import ClientConfig, RequestResult, request_body
 from minserve.bench.metrics import offered_rps
 from minserve.bench.runner import RunResult, run_sync
 from minserve.bench.workload import BenchRequest, WorkloadSpec, build_requests
@@ -56,3 +56,11 @@ def test_run_sync_works_with_and_without_a_running_loop():
 
     with pytest.raises(ValueError, match="boom"):
         run_sync(failing())
+
+
+def test_ignore_eos_asks_every_server_dialect_for_exactly_max_tokens():
+    request = BenchRequest(0, "hello", 7)
+    exact = request_body(ClientConfig("http://x", "m", ignore_eos=True), request)
+    assert exact["ignore_eos"] is True and exact["min_tokens"] == exact["max_tokens"] == 7
+    plain = request_body(ClientConfig("http://x", "m"), request)
+    assert "ignore_eos" not in plain and "min_tokens" not in plain

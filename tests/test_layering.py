@@ -38,10 +38,11 @@ def test_kernels_import_under_the_minserve_namespace():
 
 
 def test_every_subpackage_ships_in_the_wheel():
-    """An editable install imports any folder with an ``__init__.py``; a wheel carries only the listed ones."""
+    """An editable install imports any folder with an ``__init__.py``; a wheel carries only the listed ones
+    (and ``minserve.assets``, the embedded models' data)."""
     import tomllib
 
     root = KERNELS.parent
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {".".join(p.parent.relative_to(root).parts) for p in (root / "minserve").rglob("__init__.py")}
-    assert on_disk | {"minserve.kernels"} == listed
+    assert on_disk | {"minserve.kernels", "minserve.assets"} == listed

