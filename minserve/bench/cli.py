@@ -43,7 +43,7 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     group.add_argument("--timeout-s", type=float, default=600.0, help="per request, send to last byte")
     group.add_argument("--temperature", type=float, default=0.0)
-    group.add_argument("--ignore-eos", action="store_true", help="ask for exactly max_tokens (sends ignore_eos and min_tokens)")
+    group.add_argument("--ignore-eos", action="store_true", help="exactly max_tokens (ignore_eos, min_tokens)")
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,36 @@
+"""What speculative decoding should buy, before measuring it.
+
+With k drafted tokens a step, each accepted independently with probability α (the acceptance rate), a step
+emits the accepted run plus one token from the target, on average
+
+    E[tokens per step] = (1 − α^(k+1)) / (1 − α)          (k + 1 when α = 1)
+
+(Leviathan et al. 2023). A step costs one target forward over k + 1 positions plus k draft forwards. Where the
+target's forward is memory-bound, k + 1 positions cost about what one does, so with c the cost of one draft
+forward relative to one target step, the speedup over plain decoding is
+
+    speedup = E[tokens per step] / (k·c + 1).
+
+Where it is not memory-bound (large batches, a CPU whose step grows with its tokens), the verification
+itself costs more than one step and the formula is an upper bound: chapter 08 measures where.
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens_per_step(acceptance_rate: float, num_speculative_tokens: int) -> float:
+    """Mean tokens one speculative step emits (1 … k + 1)."""
+    alpha, k = acceptance_rate, num_speculative_tokens
+    if not 0 <= alpha <= 1 or k < 0:
+        raise ValueError(f"need 0 ≤ acceptance_rate ≤ 1 and k ≥ 0, got {alpha} and {k}")
+    if alpha == 1:
+        return float(k + 1)
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def predicted_speedup(acceptance_rate: float, num_speculative_tokens: int, draft_cost: float) -> float:
+    """Speedup over plain decoding with a draft forward costing ``draft_cost`` target steps (0 for n-gram)."""
+    if draft_cost < 0:
+        raise ValueError(f"draft_cost must be ≥ 0, got {draft_cost}")
+    k = num_speculative_tokens
+    return expected_tokens_per_step(acceptance_rate, k) / (k * draft_cost + 1)
