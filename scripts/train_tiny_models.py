@@ -188,11 +188,14 @@ def held_out_logits(model, stream: torch.Tensor, max_windows: int):
 
 @torch.no_grad()
 def perplexity(model, stream: torch.Tensor, max_windows: int) -> float:
-    total_nll, count = 0.0, 0
-    for logits, targets in held_out_logits(model, stream, max_windows):
-        total_nll += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-        count += len(targets)
-    return math.exp(total_nll / count)
+    """minserve's perplexity rule (:func:`minserve.quality.windowed_perplexity`) on a transformers model,
+    over the first ``max_windows`` windows of the training sequence length."""
+    from minserve.quality.perplexity import windowed_perplexity
+
+    def logits_of(window: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=window[None]).logits[0]
+
+    return windowed_perplexity(logits_of, stream[: max_windows * SEQ_LEN_TOKENS], SEQ_LEN_TOKENS).perplexity
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ Lower is better; a model that guesses uniformly over a vocabulary of V tokens sc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,11 +66,25 @@ def perplexity(
         raise ValueError("the text is shorter than two tokens: there is nothing to predict")
     device = next(model.parameters()).device
     stream = torch.tensor(token_ids, device=device)
+    return windowed_perplexity(model.logits_without_cache, stream, window_tokens, progress)
+
+
+def windowed_perplexity(
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    token_ids: torch.Tensor,
+    window_tokens: int,
+    progress: bool = False,
+) -> PerplexityResult:
+    """The rule itself, for any model: ``logits_of(window)`` gives ``[len(window), vocab]`` logits for a 1-D
+    window of token ids, seen with no cache. The stream is cut into non-overlapping windows of
+    ``window_tokens``; each window's tokens after its first are scored given the ones before them."""
     # A last window of one token has nothing to predict: it is left out.
-    windows = [w for w in stream.split(window_tokens) if len(w) >= 2]
+    windows = [w for w in token_ids.split(window_tokens) if len(w) >= 2]
+    if not windows:
+        raise ValueError("the text is shorter than two tokens: there is nothing to predict")
     total_nll = 0.0
     for window in tqdm(windows, desc="perplexity", unit="window", disable=not progress):
-        logits = model.logits_without_cache(window).float()
+        logits = logits_of(window).float()
         total_nll += F.cross_entropy(logits[:-1], window[1:], reduction="sum").item()
     scored = sum(len(w) - 1 for w in windows)
     nll = total_nll / scored
