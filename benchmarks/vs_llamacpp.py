@@ -135,7 +135,8 @@ def llama_tokens(llama, prompt: list[int], max_tokens: int):
 
 
 def run_single(side: str, max_tokens: int, repeats: int) -> dict:
-    run = stream_times(side, chat_prompt_ids(), max_tokens)
+    prompt = chat_prompt_ids()
+    run = stream_times(side, prompt, max_tokens)
     run()  # warm-up: first calls allocate and pick kernels
     rounds = [run() for _ in range(repeats)]
     ttft = [r[1] - r[0] for r in rounds]
@@ -144,7 +145,7 @@ def run_single(side: str, max_tokens: int, repeats: int) -> dict:
         "ttft_ms": 1e3 * statistics.median(ttft),
         "decode_tokens_per_s": statistics.median(decode),
         "decode_rounds": decode,
-        "prompt_tokens": len(chat_prompt_ids()),
+        "prompt_tokens": len(prompt),
         "output_tokens": len(rounds[0]) - 1,
     }
 
@@ -246,6 +247,10 @@ def run_serve(args, out_root: Path) -> dict:
 # --- orchestration and tables -----------------------------------------------------------------------------
 
 
+# The options a side's process needs; the serve part runs in this process.
+FORWARDED = ("max_tokens", "repeats", "requests", "max_prompt", "max_output", "hf_batch", "seed")
+
+
 def side_in_subprocess(part: str, side: str, args) -> dict:
     forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in FORWARDED]
     command = [sys.executable, __file__, *forwarded, "--part", part, "--side", side]
@@ -254,9 +259,6 @@ def side_in_subprocess(part: str, side: str, args) -> dict:
         sys.stderr.write(out.stderr)
         raise SystemExit(f"{part}/{side} failed")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-FORWARDED = ("max_tokens", "repeats", "requests", "max_prompt", "max_output", "hf_batch", "seed")
 
 
 def weight_bytes_per_token() -> dict[str, float]:

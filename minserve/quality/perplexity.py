@@ -62,10 +62,8 @@ def perplexity(
     if not 2 <= window_tokens <= limit:
         raise ValueError(f"window_tokens must be between 2 and the model's context ({limit}), got {window_tokens}")
     token_ids = llm.tokenizer.encode(text)[:max_tokens]
-    if len(token_ids) < 2:
-        raise ValueError("the text is shorter than two tokens: there is nothing to predict")
     device = next(model.parameters()).device
-    stream = torch.tensor(token_ids, device=device)
+    stream = torch.tensor(token_ids, dtype=torch.long, device=device)
     return windowed_perplexity(model.logits_without_cache, stream, window_tokens, progress)
 
 
