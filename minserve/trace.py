@@ -1,11 +1,17 @@
 """Chapter 02: every request's life as events on one monotonic clock, exported for Perfetto or pandas.
 
-The engine records, per request: ``arrival``, ``tokenized``, ``queued``, ``scheduled`` (first time it runs),
-``prefill`` spans (one per prompt chunk), ``decode`` spans (one per step that produced a token),
-``first_token``, ``preempted`` (with its mode, recompute or swap) and ``resumed``, and one end event
-(:data:`END_EVENTS`): ``finished``, ``cancelled``, ``deadline`` or ``failed``. Times are seconds from
-``time.perf_counter``; spans carry a duration. ``to_chrome_trace`` gives the JSON that ui.perfetto.dev and
-chrome://tracing open (one track per request); ``to_dataframe`` gives a table.
+The engine records, per request: ``arrival``, a ``tokenize`` span (when the engine or ``LLM`` tokenized the
+prompt), ``tokenized``, ``queued``, ``scheduled`` (first time it runs), ``prefill`` spans (one per prompt chunk)
+and ``decode`` spans (one per step that produced a token) for the model's forward pass, a ``sample`` span for
+each step that sampled it a token, a ``detokenize`` span for each token turned into text, ``first_token``,
+``preempted`` (with its mode, recompute or swap) and ``resumed``, and one end event (:data:`END_EVENTS`):
+``finished``, ``cancelled``, ``deadline`` or ``failed``. Times are seconds from ``time.perf_counter``; spans
+carry a duration. ``to_chrome_trace`` gives the JSON that ui.perfetto.dev and chrome://tracing open (one
+track per request); ``to_dataframe`` gives a table.
+
+The invariant the engine keeps, and chapter 02 checks on measured data: one request's spans never overlap,
+and they lie between its arrival and its end event (:func:`gaps_s` are all ≥ 0). A step's spans are shared
+by every request in it: the batch's sequences have ``prefill``/``decode`` spans with the same start.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-SPANS = ("prefill", "decode")
+STEP_SPANS = ("prefill", "decode")  # the model's forward pass: one span per step the request ran in
+SPANS = ("tokenize", *STEP_SPANS, "sample", "detokenize")  # every event with a duration
 END_EVENTS = ("finished", "cancelled", "deadline", "failed")  # exactly one of these ends every request
 
 
@@ -109,23 +116,42 @@ def _arg_columns(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for row in rows for k in row if k not in fixed))
 
 
-def stage_durations_s(events: list[TraceEvent]) -> dict[str, float]:
-    """Where one request's time went, each stage measured on its own.
+def spans_in_order(events: list[TraceEvent]) -> list[TraceEvent]:
+    """One request's spans (:data:`SPANS`), by start time."""
+    return sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
 
-    ``queue``: arrival → start of its first step. ``prefill`` and ``decode``: its step spans. ``between``:
-    the gaps between its consecutive steps (steps it sat out, the engine's work between steps).
-    ``finish``: end of its last step → finished (or cancelled). If the spans are ordered and do not overlap,
-    as they must be, the stages add up to the end-to-end latency; the chapter checks that on measured data.
+
+def gaps_s(events: list[TraceEvent]) -> list[float]:
+    """Seconds between consecutive moments of one request: arrival → its first span, each span's end → the
+    next one's start, its last span's end → its end event. All ≥ 0 when the spans are ordered and never
+    overlap (up to float rounding, about 1e-12 s); a negative gap is a bug in the engine's tracing."""
+    arrival = next(e.start_s for e in events if e.name == "arrival")
+    end = next(e.start_s for e in events if e.name in END_EVENTS)
+    spans = spans_in_order(events)
+    starts = [e.start_s for e in spans] + [end]
+    ends = [arrival] + [e.end_s for e in spans]
+    return [b - a for a, b in zip(ends, starts)]
+
+
+def stage_durations_s(events: list[TraceEvent]) -> dict[str, float]:
+    """Where one request's time went, in seconds, each stage measured on its own.
+
+    ``tokenize``, ``prefill``, ``decode``, ``sample`` and ``detokenize``: the request's spans of that name.
+    ``queue``: arrival → start of its first step, less its tokenization (waiting for the prompts tokenized
+    before it, then for a seat in the batch). ``between``: the gaps between its spans from its first step on
+    (the scheduler, building the step's inputs, steps it sat out). ``finish``: end of its last span → its end
+    event. When the spans never overlap (:func:`gaps_s` ≥ 0), the stages add up to the end-to-end latency
+    by construction: a tiling, not a measurement of anything.
     """
     arrival = next(e.start_s for e in events if e.name == "arrival")
     end = next(e.start_s for e in events if e.name in END_EVENTS)
-    steps = sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
-    if not steps:
-        return {"queue": end - arrival, "prefill": 0.0, "decode": 0.0, "between": 0.0, "finish": 0.0}
+    spans = spans_in_order(events)
+    first = next((i for i, e in enumerate(spans) if e.name in STEP_SPANS), len(spans))  # its first step
+    ran, before = spans[first:], spans[:first]
+    queue_end = ran[0].start_s if ran else end
     return {
-        "queue": steps[0].start_s - arrival,
-        "prefill": sum(e.duration_s for e in steps if e.name == "prefill"),
-        "decode": sum(e.duration_s for e in steps if e.name == "decode"),
-        "between": sum(b.start_s - a.end_s for a, b in itertools.pairwise(steps)),
-        "finish": end - steps[-1].end_s,
+        "queue": queue_end - arrival - sum(e.duration_s for e in before),
+        **{name: sum(e.duration_s for e in spans if e.name == name) for name in SPANS},
+        "between": sum(b.start_s - a.end_s for a, b in itertools.pairwise(ran)),
+        "finish": end - ran[-1].end_s if ran else 0.0,
     }

@@ -214,10 +214,13 @@ class EngineCore:
 
     # --- requests in -----------------------------------------------------------------------------------------
 
-    def add(self, seq: Sequence, tokenized_s: float | None = None) -> None:
+    def add(
+        self, seq: Sequence, tokenized_s: float | None = None, tokenize_s: tuple[float, float] | None = None
+    ) -> None:
         """Queue a sequence. Refuses (``ValueError``, nothing changed) a duplicate id or one that can never fit.
 
-        ``tokenized_s``: when its prompt was tokenized, for the trace (default: now).
+        For the trace: ``tokenize_s`` is when tokenizing its prompt began and ended (a ``tokenize`` span);
+        without it, ``tokenized_s`` is when it was tokenized (default: now).
         """
         check_fits(len(seq.prompt_token_ids), seq.params.max_tokens, self.max_model_len, self.config.kv_capacity_tokens)
         if seq.request_id in self.requests:
@@ -226,6 +229,9 @@ class EngineCore:
         self.scheduler.add(seq)
         now = self.clock.now()
         self.tracer.instant(seq.request_id, "arrival", seq.metrics.arrival_time_s, prompt_tokens=seq.num_tokens)
+        if tokenize_s is not None:
+            self.tracer.span(seq.request_id, "tokenize", *tokenize_s, tokens=len(seq.prompt_token_ids))
+            tokenized_s = tokenize_s[1]
         self.tracer.instant(seq.request_id, "tokenized", now if tokenized_s is None else tokenized_s)
         self.tracer.instant(seq.request_id, "queued", now)
 
@@ -268,8 +274,11 @@ class EngineCore:
             return outputs + [self._fail(seq, error, now_s) for seq in batch.seqs]
         end_s = self.clock.now()
         self.num_steps += 1
+        # Where the forward pass ended and sampling began, if the executor says (the model runner does, when
+        # the engine traces); otherwise the step is one span.
+        sampled_s = getattr(self.executor, "sampling_started_s", None) if self.tracer.enabled else None
         for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
-            self._trace_step(seq, num_new, batch.num_tokens, start_s, end_s)
+            self._trace_step(seq, num_new, batch.num_tokens, (start_s, sampled_s or end_s, end_s), bool(result))
             self.scheduler.complete(seq, num_new)
             if result:
                 outputs.append(self._take(seq, result, end_s))
@@ -295,8 +304,8 @@ class EngineCore:
         try:
             for sample in result:
                 reason = self._append_token(seq, sample, now_s)
-                if reason is not None:
-                    return self._finish(seq, *reason, now_s)
+                if reason is not None:  # it ends once its last token is text: after detokenizing it
+                    return self._finish(seq, *reason, self.clock.now())
             return self._output(seq)
         except Exception as error:  # a detokenizer or stop check that breaks must not take the step down
             logger.exception("request %s failed after sampling", seq.request_id)
@@ -332,7 +341,12 @@ class EngineCore:
         seq.metrics.token_times_s.append(now_s)
         if len(seq.output_token_ids) == 1:
             self.tracer.instant(seq.request_id, "first_token", now_s)
-        seq.detokenizer.add(token)
+        if self.tracer.enabled:  # two clock reads per token, only when someone reads the trace
+            detokenize_start_s = self.clock.now()
+            seq.detokenizer.add(token)
+            self.tracer.span(seq.request_id, "detokenize", detokenize_start_s, self.clock.now())
+        else:
+            seq.detokenizer.add(token)
         return self._stop_reason(seq, token)
 
     def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
@@ -397,12 +411,21 @@ class EngineCore:
             delta_text=delta,
         )
 
-    def _trace_step(self, seq: Sequence, num_new: int, batch_tokens: int, start_s: float, end_s: float) -> None:
+    def _trace_step(
+        self, seq: Sequence, num_new: int, batch_tokens: int, times_s: tuple[float, float, float], sampled: bool
+    ) -> None:
+        """The step's spans for ``seq``: its forward pass (``prefill`` or ``decode``, start → where sampling
+        began), then ``sample`` (→ the step's end) if the step sampled it a token."""
+        start_s, sampled_s, end_s = times_s
         if seq.metrics.first_scheduled_time_s is None:
             seq.metrics.first_scheduled_time_s = start_s
             self.tracer.instant(seq.request_id, "scheduled", start_s, cached_tokens=seq.num_cached_tokens)
+        if not self.tracer.enabled:
+            return
         kind = "decode" if seq.num_uncomputed_tokens == 1 and seq.output_token_ids else "prefill"
-        self.tracer.span(seq.request_id, kind, start_s, end_s, tokens=num_new, batch_tokens=batch_tokens)
+        self.tracer.span(seq.request_id, kind, start_s, sampled_s, tokens=num_new, batch_tokens=batch_tokens)
+        if sampled and sampled_s < end_s:
+            self.tracer.span(seq.request_id, "sample", sampled_s, end_s)
 
     def _report(
         self,

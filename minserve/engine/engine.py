@@ -52,6 +52,7 @@ class LLMEngine:
         self.scheduler_config = self._scheduler_config()
         num_blocks, num_cpu_blocks = self.scheduler_config.num_kv_blocks, self.scheduler_config.host_blocks
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, num_cpu_blocks)
+        self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
         self.inputs = InputProcessor(
@@ -93,18 +94,25 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        tokenize_s: tuple[float, float] | None = None,
     ) -> str:
         """Queue one request and return its id. A bad request raises ``ValueError`` and changes nothing.
 
-        ``prompt_token_ids`` skips tokenizing a text prompt that the caller has already encoded.
-        ``priority``: lower runs first under the priority policy. ``deadline_s``: seconds after arrival past
-        which the request is stopped wherever it is (``finish_reason="deadline"``), its blocks freed.
+        ``prompt_token_ids`` skips tokenizing a text prompt that the caller has already encoded; then
+        ``tokenize_s`` may say when the caller's tokenizing began and ended (``perf_counter`` seconds), for the
+        trace. ``priority``: lower runs first under the priority policy. ``deadline_s``: seconds after arrival
+        past which the request is stopped wherever it is (``finish_reason="deadline"``), its blocks freed.
         """
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         params = params or SamplingParams()
-        ids = prompt_token_ids if prompt_token_ids is not None else self.encode(prompt)
+        if prompt_token_ids is None:
+            tokenize_start_s = time.perf_counter()
+            ids = self.encode(prompt)
+            tokenize_s = (tokenize_start_s, time.perf_counter())
+        else:
+            ids = prompt_token_ids
         seq = Sequence(
             request_id=request_id if request_id is not None else str(next(self._request_counter)),
             prompt=prompt if isinstance(prompt, str) else None,
@@ -117,7 +125,7 @@ class LLMEngine:
             deadline_s=None if deadline_s is None else arrival_s + deadline_s,
             waiting_since_s=arrival_s,
         )
-        self.core.add(seq)  # checks that it fits and that its id is new
+        self.core.add(seq, tokenize_s=tokenize_s)  # checks that it fits and that its id is new
         seq.arrival_index = next(self._arrival_counter)
         return seq.request_id
 

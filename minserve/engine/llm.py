@@ -117,12 +117,18 @@ class LLM:
         params_list = _as_params_list(params, len(prompts))
         priorities = _per_prompt(priority, len(prompts), "priority")
         deadlines = _per_prompt(deadline_s, len(prompts), "deadline_s")
-        encoded = [self.engine.encode(prompt, i) for i, prompt in enumerate(prompts)]
+        encoded, tokenize_s = [], []  # one after another; each prompt's tokenizing is timed for the trace
+        for i, prompt in enumerate(prompts):
+            start_s = time.perf_counter()
+            encoded.append(self.engine.encode(prompt, i))
+            tokenize_s.append((start_s, time.perf_counter()))
         for ids, p in zip(encoded, params_list):
             self.engine.check_fits(ids, p)
         return [
-            self.engine.add_request(prompt, p, None, arrival_s, ids, rank, deadline)
-            for prompt, ids, p, rank, deadline in zip(prompts, encoded, params_list, priorities, deadlines)
+            self.engine.add_request(prompt, p, None, arrival_s, ids, rank, deadline, span)
+            for prompt, ids, p, rank, deadline, span in zip(
+                prompts, encoded, params_list, priorities, deadlines, tokenize_s
+            )
         ]
 
 

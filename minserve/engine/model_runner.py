@@ -7,6 +7,8 @@ whose new tokens reach the end of what it has (a prefill chunk in the middle of 
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from minserve.engine.cuda_graphs import DecodeGraphs
@@ -28,6 +30,10 @@ class ModelRunner:
             config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, self.device
         )
         model.set_kv_caches(self.kv_caches)
+        # The tracer's split of a step into the forward pass and sampling: when set, ``execute`` notes the
+        # time sampling began (on a GPU after a synchronize, so the forward's queued kernels count as its own).
+        self.time_sampling = False
+        self.sampling_started_s: float | None = None
         # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
         self.cpu_kv_caches = allocate_kv_cache(
             config.num_layers, num_cpu_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, "cpu"
@@ -52,7 +58,12 @@ class ModelRunner:
         ends = batch.samples
         last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
         sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
-        tokens = iter(sample_batch(self.model.compute_logits(hidden[last_rows]), sampling) if sampling else [])
+        logits = self.model.compute_logits(hidden[last_rows]) if sampling else None
+        if self.time_sampling:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.sampling_started_s = time.perf_counter()
+        tokens = iter(sample_batch(logits, sampling) if logits is not None else [])
         return [_as_tokens(next(tokens)) if end else None for end in ends]
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:

@@ -17,13 +17,17 @@ import plotly.graph_objects as go
 
 from minserve.engine.detokenizer import REPLACEMENT_CHARACTER, Decoder, IncrementalDetokenizer
 from minserve.lab.theme import register_course_theme
-from minserve.trace import END_EVENTS, SPANS, TraceEvent, stage_durations_s
+from minserve.trace import END_EVENTS, STEP_SPANS, TraceEvent, spans_in_order, stage_durations_s
 
-STAGES = ("queue", "prefill", "decode", "between", "finish")
-STAGE_COLORS = {
+# In the order a request meets them (see minserve.trace.stage_durations_s).
+STAGES = ("tokenize", "queue", "prefill", "decode", "sample", "detokenize", "between", "finish")
+STAGE_COLORS = {  # Okabe–Ito, distinguishable with every common colour-vision deficiency
+    "tokenize": "#CC79A7",
     "queue": "#BBBBBB",
     "prefill": "#E69F00",
     "decode": "#0072B2",
+    "sample": "#D55E00",
+    "detokenize": "#009E73",
     "between": "#56B4E9",
     "finish": "#000000",
 }
@@ -65,27 +69,27 @@ def e2e_s(events: Sequence[TraceEvent]) -> float:
 def timeline_rows(events: Sequence[TraceEvent], origin_s: float | None = None) -> list[dict[str, object]]:
     """One request's life as back-to-back spans ``{stage, start_s, end_s}``, times relative to ``origin_s``.
 
-    ``queue`` (arrival → first step), then every step (``prefill`` or ``decode``) with a ``between`` span in
-    each gap between steps, then ``finish`` (last step → end). The spans tile arrival → end exactly, so
-    their durations add up to the end-to-end latency. ``origin_s`` defaults to the request's arrival.
+    Every span of the trace (``tokenize``, ``prefill``/``decode``, ``sample``, ``detokenize``) in time order;
+    the gaps before its first step are ``queue``, the gaps after it ``between``, and the last span → its end
+    is ``finish``. The rows tile arrival → end when the spans never overlap, so their durations add up to
+    the end-to-end latency. ``origin_s`` defaults to the request's arrival.
     """
     arrival, end = _arrival_s(events), _end_s(events)
     origin = arrival if origin_s is None else origin_s
-    steps = sorted((e for e in events if e.name in SPANS), key=lambda e: e.start_s)
+    spans = spans_in_order(list(events))
     rows: list[dict[str, object]] = []
+    t, started = arrival, False
 
     def add(stage: str, start: float, stop: float) -> None:
-        rows.append({"stage": stage, "start_s": start - origin, "end_s": stop - origin})
+        if stop > start or stage not in ("queue", "between", "finish"):  # no empty gaps
+            rows.append({"stage": stage, "start_s": start - origin, "end_s": stop - origin})
 
-    if not steps:
-        add("queue", arrival, end)
-        return rows
-    add("queue", arrival, steps[0].start_s)
-    for i, step in enumerate(steps):
-        if i:
-            add("between", steps[i - 1].end_s, step.start_s)
-        add(step.name, step.start_s, step.end_s)
-    add("finish", steps[-1].end_s, end)
+    for span in spans:
+        started_now = started or span.name in STEP_SPANS
+        add("between" if started else "queue", t, span.start_s)
+        add(span.name, span.start_s, span.end_s)
+        t, started = span.end_s, started_now
+    add("finish" if started else "queue", t, end)
     return rows
 
 
@@ -97,7 +101,7 @@ def stage_table(events: Iterable[TraceEvent]) -> pd.DataFrame:
         row = {"request": rid, **{f"{s}_ms": stages[s] * 1e3 for s in STAGES}}
         row["sum_ms"] = sum(stages.values()) * 1e3
         row["e2e_ms"] = e2e_s(evs) * 1e3
-        row["steps"] = sum(1 for e in evs if e.name in SPANS)
+        row["steps"] = sum(1 for e in evs if e.name in STEP_SPANS)
         rows.append(row)
     columns = ["request", *(f"{s}_ms" for s in STAGES), "sum_ms", "e2e_ms", "steps"]
     return pd.DataFrame(rows, columns=columns).set_index("request")
