@@ -206,13 +206,24 @@ def record_from_metrics(
 
 
 def records_from_outputs(outputs: Iterable) -> list[RequestRecord]:
-    """Records from ``LLM.generate``'s :class:`minserve.RequestOutput` list; every finished output is ``ok``."""
+    """Records from ``LLM.generate``'s :class:`minserve.RequestOutput` list.
+
+    A request that ran to its end (``stop`` or ``length``) is ``ok``; one its user cancelled is
+    ``cancelled``; one the engine stopped at its deadline, failed with an error, or never finished is
+    ``failed``: the user did not get a whole answer.
+    """
     return [
-        record_from_metrics(
-            out.metrics, "ok" if out.finished else "failed", len(out.prompt_token_ids), str(out.request_id)
-        )
+        record_from_metrics(out.metrics, _status(out), len(out.prompt_token_ids), str(out.request_id))
         for out in outputs
     ]
+
+
+def _status(output: Any) -> Status:
+    if not output.finished:
+        return "failed"
+    if output.finish_reason == "cancelled":
+        return "cancelled"
+    return "failed" if output.finish_reason in ("deadline", "error") else "ok"
 
 
 # --- percentiles -------------------------------------------------------------------------------------------

@@ -78,6 +78,23 @@ def test_from_engine_metrics():
     assert record.tpot_s == pytest.approx((1.7 - 1.1) / 2)
 
 
+def test_records_from_outputs_count_only_whole_answers_as_ok():
+    """A request stopped at its deadline or by an error did not answer its user: it is a failure."""
+    from types import SimpleNamespace
+
+    metrics = RequestMetrics(arrival_time_s=0.0, token_times_s=[0.1, 0.2], finish_time_s=0.3)
+
+    def output(reason, finished=True):
+        return SimpleNamespace(
+            metrics=metrics, finished=finished, finish_reason=reason, prompt_token_ids=[1, 2], request_id=reason
+        )
+
+    reasons = ["stop", "length", "deadline", "error", "cancelled", None]
+    outputs = [output(r) for r in reasons[:-1]] + [output(None, finished=False)]
+    statuses = [r.status for r in slo.records_from_outputs(outputs)]
+    assert statuses == ["ok", "ok", "failed", "failed", "cancelled", "failed"]
+
+
 def test_records_reject_bad_input():
     with pytest.raises(ValueError, match="backwards"):
         RequestRecord(1.0, [0.5])

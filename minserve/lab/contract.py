@@ -1,0 +1,208 @@
+"""Chapter 01's measurements and predictions: what a decode step costs, and each request's latency worked
+out from it before it is compared with the measurement.
+
+The prediction is the chapter's formula, E2E = TTFT + (n − 1) × step, made exact for a batch that shrinks:
+all requests sent at once are prefilled in one shared first step, then each running request gets one token
+per step, and a step costs what a step of that many sequences costs. :func:`measure_decode_steps` measures
+that cost on the engine in separate, small runs (one per batch size, from the engine's step reports);
+:func:`prediction_table` adds the n − 1 step costs each request waited through. Nothing of the run being
+predicted goes into the prediction except its TTFT and its output lengths.
+
+Also here: the targets a reading speed implies (:func:`reading_speed_table`), how much of a workload's
+prompts a shared prefix repeats (:func:`shared_prefix_summary`), :mod:`minserve.slo` records that count a
+request stopped at its deadline as failed (:func:`records_with_status`), and one table comparing runs
+(:func:`serving_table`). Times are seconds unless a name says ``_ms``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from minserve import slo
+from minserve.bench.workload import BenchRequest, count_corpus_tokens
+from minserve.engine.core import StepReport
+from minserve.engine.outputs import RequestOutput
+from minserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minserve.engine.llm import LLM
+
+TOKENS_PER_ENGLISH_WORD = 1.3  # a common rule of thumb for English BPE tokenizers (≈ 0.75 words per token)
+FAILED_REASONS = ("deadline", "error")  # the server gave up on the request
+CANCELLED_REASONS = ("cancelled",)  # the client left
+
+
+# --- what a decode step costs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The measured time of one decode step (seconds, step end to step end) at a few batch sizes.
+
+    :meth:`at` interpolates linearly between measured sizes and holds the end values beyond them.
+    """
+
+    batch_sizes: tuple[int, ...]
+    step_s: tuple[float, ...]
+
+    def at(self, batch_size: int) -> float:
+        """Seconds of one decode step of ``batch_size`` sequences."""
+        return float(np.interp(batch_size, self.batch_sizes, self.step_s))
+
+    def table(self) -> pd.DataFrame:
+        """One row per measured batch size: the step in ms, and tokens/s (batch / step)."""
+        rows = {b: {"step ms": s * 1e3, "tokens/s": b / s} for b, s in zip(self.batch_sizes, self.step_s)}
+        return pd.DataFrame.from_dict(rows, orient="index").rename_axis("sequences per step")
+
+
+def measure_decode_steps(
+    llm: LLM, prompt: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), tokens: int = 24
+) -> StepCosts:
+    """For each batch size b, run b copies of ``prompt`` for ``tokens`` tokens and take the median time
+    between consecutive decode steps of b sequences, from the engine's step reports.
+
+    Step end to step end is what a streaming client sees between two tokens: the forward pass, sampling and
+    the engine's bookkeeping. The median leaves out a step that another process on the machine slowed.
+    """
+    core = llm.engine.core
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    medians = []
+    for b in batch_sizes:
+        reports: list[StepReport] = []
+        core.observers.append(reports.append)
+        try:
+            llm.generate([prompt] * b, params)
+        finally:
+            core.observers.remove(reports.append)
+        periods = [
+            later.end_s - earlier.end_s
+            for earlier, later in itertools.pairwise(reports)
+            if len(later.scheduled) == b and all(s.state == "decode" for s in later.scheduled)
+        ]
+        if not periods:
+            raise ValueError(f"no decode step of {b} sequences was measured: is max_num_seqs below {b}?")
+        medians.append(statistics.median(periods))
+    return StepCosts(tuple(batch_sizes), tuple(medians))
+
+
+# --- each request's latency, predicted -----------------------------------------------------------------------
+
+
+def decode_occupancy(output_lengths: Sequence[int]) -> list[int]:
+    """Sequences in each decode step when all requests start together: step k (k = 1, 2, …) gives token
+    k + 1 to every request that asked for more than k tokens. ``[1, 3, 2]`` → ``[2, 1]``."""
+    longest = max(output_lengths, default=0)
+    return [sum(n > k for n in output_lengths) for k in range(1, longest)]
+
+
+def predicted_e2e_s(ttft_s: float, output_tokens: int, occupancy: Sequence[int], costs: StepCosts) -> float:
+    """TTFT + the cost of the n − 1 decode steps the request is in: Σₖ step(sequences in step k), k < n."""
+    return ttft_s + sum(costs.at(b) for b in occupancy[: output_tokens - 1])
+
+
+def prediction_table(records: Sequence[slo.RequestRecord], costs: StepCosts) -> pd.DataFrame:
+    """One row per request (sorted by output length): its TTFT, measured and predicted E2E in ms, their
+    ratio, and the naive prediction TTFT + (n − 1) × one sequence's step, as if a step's cost did not
+    depend on how many sequences share it."""
+    occupancy = decode_occupancy([r.output_tokens for r in records])
+    single = costs.at(1)
+    rows = [
+        {
+            "request": r.request_id,
+            "output tokens": r.output_tokens,
+            "TTFT ms": r.ttft_s * 1e3,
+            "measured E2E ms": r.e2e_s * 1e3,
+            "predicted E2E ms": predicted_e2e_s(r.ttft_s, r.output_tokens, occupancy, costs) * 1e3,
+            "one-sequence steps ms": (r.ttft_s + (r.output_tokens - 1) * single) * 1e3,
+        }
+        for r in records
+        if r.ok and r.ttft_s is not None
+    ]
+    table = pd.DataFrame(rows).sort_values(["output tokens", "request"], ignore_index=True)
+    table["measured / predicted"] = table["measured E2E ms"] / table["predicted E2E ms"]
+    return table
+
+
+# --- why the targets are what they are -----------------------------------------------------------------------
+
+
+def reading_speed_table(
+    words_per_s: Sequence[float] = (5.0, 10.0), tokens_per_word: float = TOKENS_PER_ENGLISH_WORD
+) -> pd.DataFrame:
+    """The stream a reader needs: at w words/s and t tokens/word, w·t tokens/s, so TPOT ≤ 1000 / (w·t) ms.
+
+    A stream slower than that makes the reader wait for words; one much faster gains them nothing.
+    """
+    rows = {w: {"tokens/s": w * tokens_per_word, "TPOT bound ms": 1e3 / (w * tokens_per_word)} for w in words_per_s}
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("reader's words/s")
+
+
+def tokens_per_word(outputs: Sequence[RequestOutput]) -> float:
+    """Output tokens per whitespace-separated word over ``outputs``: the tokenizer's own ratio on its replies."""
+    words = sum(len(out.text.split()) for out in outputs)
+    return sum(len(out.token_ids) for out in outputs) / words if words else float("nan")
+
+
+# --- the workload's shape ---------------------------------------------------------------------------------------
+
+
+def shared_prefix_summary(requests: Sequence[BenchRequest], prefix_tokens: int) -> dict[str, float]:
+    """How many requests start with the shared prefix, and the share of all prompt tokens that repeat it
+    (in the workload's corpus tokens, :func:`~minserve.bench.workload.count_corpus_tokens`): the prefill a
+    prefix cache (chapter 04) computes once instead of once per request."""
+    sharing = sum(r.shares_prefix for r in requests)
+    total = sum(count_corpus_tokens(r.prompt) for r in requests if isinstance(r.prompt, str))
+    repeated = max(sharing - 1, 0) * prefix_tokens  # the first request with the prefix has to compute it
+    return {
+        "requests": len(requests),
+        "sharing the prefix": sharing,
+        "prompt tokens": total,
+        "repeated prefix tokens": repeated,
+        "share repeated": repeated / total if total else 0.0,
+    }
+
+
+# --- records and tables ----------------------------------------------------------------------------------------
+
+
+def records_with_status(outputs: Sequence[RequestOutput]) -> list[slo.RequestRecord]:
+    """:mod:`minserve.slo` records whose status follows the finish reason: a request the engine stopped at
+    its deadline (or that failed) is ``failed``, a cancelled one ``cancelled``, the rest ``ok``."""
+
+    def status(out: RequestOutput) -> slo.Status:
+        if out.finish_reason in FAILED_REASONS or not out.finished:
+            return "failed"
+        return "cancelled" if out.finish_reason in CANCELLED_REASONS else "ok"
+
+    return [
+        slo.record_from_metrics(out.metrics, status(out), len(out.prompt_token_ids), out.request_id) for out in outputs
+    ]
+
+
+def serving_table(
+    runs: Mapping[str, Sequence[slo.RequestRecord]], contract: slo.SLO, usd_per_accelerator_hour: float
+) -> pd.DataFrame:
+    """One column per run: TTFT and TPOT p50 and the worst TTFT in ms, attainment and goodput under
+    ``contract``, output tokens/s and US$ per million output tokens."""
+
+    def column(records: Sequence[slo.RequestRecord]) -> dict[str, float]:
+        table = slo.summary_table(records, percentiles=(50, 100))
+        tokens_per_s = slo.token_throughput_tps(records)
+        return {
+            "TTFT p50 ms": table.loc["ttft_ms", "p50"],
+            "TTFT max ms": table.loc["ttft_ms", "p100"],
+            "TPOT p50 ms": table.loc["tpot_ms", "p50"],
+            f"{contract.name} attainment": slo.attainment(records, contract)["all"],
+            f"{contract.name} goodput req/s": slo.goodput_rps(records, contract),
+            "output tokens/s": tokens_per_s,
+            "$ per M tokens": slo.cost_per_million_tokens(usd_per_accelerator_hour, tokens_per_s),
+        }
+
+    return pd.DataFrame({name: column(records) for name, records in runs.items()})
