@@ -1,13 +1,15 @@
-"""minserve.lab.kv_figures: KV tables against published numbers, fragmentation bounds, the engine sampler."""
+"""minserve.lab.kv_figures and kv_experiments: KV tables against published numbers, fragmentation bounds, the
+engine sampler, the figures."""
 
 from __future__ import annotations
 
 import random
 
+import pandas as pd
 import pytest
 
 from minserve import LLM, SamplingParams
-from minserve.lab import kv_figures
+from minserve.lab import kv_experiments, kv_figures
 
 PUBLISHED = {
     "Llama-2-7B": 524_288,
@@ -54,7 +56,7 @@ def tight_llm():
 
 
 def test_sample_kv_usage_under_pressure(tight_llm):
-    usage, outputs = kv_figures.sample_kv_usage(
+    usage, outputs = kv_experiments.sample_kv_usage(
         tight_llm, [f"def f{i}(x):" for i in range(6)], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     )
     assert len(outputs) == 6 and all(len(o.token_ids) == 20 for o in outputs)
@@ -72,3 +74,20 @@ def test_sample_kv_usage_under_pressure(tight_llm):
 def test_prefix_cache_figure_labels_hit_rates():
     fig = kv_figures.prefix_cache_figure({"on": [1.0, 0.5], "off": [1.0, 1.0]}, {"on": 0.5, "off": 0.0})
     assert [t.name for t in fig.data] == ["on (hit rate 50%)", "off (hit rate 0%)"]
+
+
+def test_figures_draw_the_predictions_beside_the_measurements(tight_llm):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    usage, _ = kv_experiments.sample_kv_usage(tight_llm, ["def g(x):"] * 2, params)
+    predicted = usage["used_blocks"] + 0
+    paged = kv_figures.reserved_vs_used_figure(usage, 16, 512, predicted_blocks=predicted)
+    (drawn,) = [trace for trace in paged.data if trace.name.startswith("predicted")]
+    assert list(drawn.y) == list(predicted * 16)
+    admission = kv_figures.admission_figure(usage, num_blocks=8, predicted_admitted=2)
+    assert admission.data[0].y == (2,)
+    sweep = pd.DataFrame({"filler_blocks": [0, 8, 16], "cached_tokens": [32, 16, 0], "hit_rate": [0.8, 0.4, 0.0]})
+    eviction = kv_figures.eviction_figure(sweep, [32, 16, 0], pool_blocks=16, prompt_tokens=40)
+    assert list(eviction.data[0].y) == [0.8, 0.4, 0.0] and list(eviction.data[1].y) == [0.8, 0.4, 0.0]
+    assert eviction.layout.shapes[0].x0 == 16
+    title = kv_figures.prefix_cache_figure({"on": [1.0]}, {"on": 0.5}, predicted_hit_rate=0.5).layout.title.text
+    assert "predicted hit rate 50%" in title

@@ -1,14 +1,14 @@
-"""Chapter 04: KV-cache tables and figures, and a sampler that watches the engine's blocks step by step.
+"""Chapter 04: KV-cache tables and figures.
 
 Pure functions (:func:`kv_per_token_table`, :func:`context_concurrency_grid_gb`, :func:`fragmentation_table`)
-do the arithmetic through :mod:`minserve.capacity`; :func:`sample_kv_usage` drives an engine one
-``step()`` at a time and records its memory; the figure functions only draw those tables.
+do the arithmetic through :mod:`minserve.capacity`; the figure functions draw those tables and what the
+experiments of :mod:`minserve.lab.kv_experiments` measured, beside the predictions of
+:mod:`minserve.lab.kv_checks`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -16,12 +16,7 @@ from plotly.subplots import make_subplots
 
 from minserve import capacity
 from minserve.capacity.kv import ModelLike
-from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
 from minserve.lab.theme import SLO_COLOR, register_course_theme
-
-if TYPE_CHECKING:
-    from minserve.engine.llm import LLM
 
 GB = 1e9
 
@@ -118,54 +113,29 @@ def fragmentation_table(seq_lens_tokens: Sequence[int], block_sizes: Sequence[in
     return pd.DataFrame(rows).set_index("block_size")
 
 
-# --- measuring the engine -------------------------------------------------------------------------------------
-
-
-def sample_kv_usage(
-    llm: LLM, prompts: Sequence[str], params: SamplingParams | Sequence[SamplingParams], max_steps: int = 100_000
-) -> tuple[pd.DataFrame, list[RequestOutput]]:
-    """Queue ``prompts``, drive ``llm.engine.step()`` until all finish, and record the KV cache after each step.
-
-    Returns one row per step (``step``, ``used_blocks``, ``stored_tokens``: tokens whose KV is in the cache,
-    ``running``, ``waiting``, ``preemptions``, ``finished``) and the final outputs in prompt order.
-    """
-    engine = llm.engine
-    params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
-    finished: dict[str, RequestOutput] = {}
-    rows = []
-    for step in range(1, max_steps + 1):
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
-        stats = engine.stats()
-        rows.append(
-            {
-                "step": step,
-                "used_blocks": stats.kv_blocks_used,
-                "stored_tokens": sum(s.num_computed_tokens for s in engine.scheduler.running),
-                "running": stats.num_running,
-                "waiting": stats.num_waiting,
-                "preemptions": stats.num_preemptions,
-                "finished": sum(rid in finished for rid in ids),
-            }
-        )
-        if len(finished) == len(ids):
-            break
-    return pd.DataFrame(rows), [finished[rid] for rid in ids if rid in finished]
-
-
 # --- figures ----------------------------------------------------------------------------------------------------
 
 
-def reserved_vs_used_figure(usage: pd.DataFrame, block_size: int, max_model_len: int) -> go.Figure:
+def reserved_vs_used_figure(
+    usage: pd.DataFrame, block_size: int, max_model_len: int, predicted_blocks: pd.Series | None = None
+) -> go.Figure:
     """Token slots per step: a contiguous reservation (``max_model_len`` per running sequence) vs paged blocks
-    vs the tokens actually stored."""
+    vs the tokens actually stored; ``predicted_blocks`` (per step, as ``usage``) is drawn as ◇ markers."""
     contiguous = usage["running"] * max_model_len
     paged = usage["used_blocks"] * block_size
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=usage["step"], y=contiguous, name=f"contiguous: {max_model_len} slots/sequence"))
     fig.add_trace(go.Scatter(x=usage["step"], y=paged, name=f"paged: blocks of {block_size} in use", line_shape="hv"))
+    if predicted_blocks is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=usage["step"],
+                y=predicted_blocks * block_size,
+                mode="markers",
+                marker={"symbol": "diamond-open", "size": 7},
+                name=f"predicted: Σ⌈tokens / {block_size}⌉ blocks",
+            )
+        )
     fig.add_trace(go.Scatter(x=usage["step"], y=usage["stored_tokens"], name="tokens actually stored", line_dash="dot"))
     fig.update_layout(
         template=register_course_theme(),
@@ -177,9 +147,22 @@ def reserved_vs_used_figure(usage: pd.DataFrame, block_size: int, max_model_len:
     return fig
 
 
-def admission_figure(usage: pd.DataFrame, num_blocks: int) -> go.Figure:
-    """Running and waiting requests per step (top) and KV blocks in use against the pool (bottom)."""
+def admission_figure(usage: pd.DataFrame, num_blocks: int, predicted_admitted: int | None = None) -> go.Figure:
+    """Running and waiting requests per step (top) and KV blocks in use against the pool (bottom);
+    ``predicted_admitted`` is drawn as a ◇ at the first step."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    if predicted_admitted is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[usage["step"].iloc[0]],
+                y=[predicted_admitted],
+                mode="markers",
+                marker={"symbol": "diamond-open", "size": 12, "color": SLO_COLOR},
+                name="predicted running at the first step",
+            ),
+            row=1,
+            col=1,
+        )
     fig.add_trace(go.Scatter(x=usage["step"], y=usage["running"], name="running", line_shape="hv"), row=1, col=1)
     fig.add_trace(go.Scatter(x=usage["step"], y=usage["waiting"], name="waiting", line_shape="hv"), row=1, col=1)
     fig.add_trace(
@@ -210,17 +193,50 @@ def admission_figure(usage: pd.DataFrame, num_blocks: int) -> go.Figure:
     return fig
 
 
-def prefix_cache_figure(ttft_ms: Mapping[str, Sequence[float]], hit_rates: Mapping[str, float]) -> go.Figure:
-    """TTFT of each request (in arrival order), one line per setting, hit rates in the legend."""
+def prefix_cache_figure(
+    ttft_ms: Mapping[str, Sequence[float]], hit_rates: Mapping[str, float], predicted_hit_rate: float | None = None
+) -> go.Figure:
+    """TTFT of each request (in arrival order), one line per setting, measured hit rates in the legend and the
+    predicted one (with the cache on) in the title."""
     fig = go.Figure()
     for name, values in ttft_ms.items():
         label = f"{name} (hit rate {hit_rates.get(name, 0.0):.0%})"
         fig.add_trace(go.Scatter(x=list(range(1, len(values) + 1)), y=list(values), mode="lines+markers", name=label))
     fig.update_layout(
         template=register_course_theme(),
-        title="A shared system prompt: TTFT per request, prefix cache on vs off",
+        title="A shared system prompt: TTFT per request, prefix cache on vs off"
+        + ("" if predicted_hit_rate is None else f" (predicted hit rate {predicted_hit_rate:.0%})"),
         xaxis_title="request (in arrival order)",
         yaxis_title="TTFT (ms)",
+        yaxis_rangemode="tozero",
+    )
+    return fig
+
+
+def eviction_figure(
+    sweep: pd.DataFrame, predicted_cached_tokens: Sequence[int], pool_blocks: int, prompt_tokens: int
+) -> go.Figure:
+    """The cached prompt's hit rate against the new traffic since it was last used (blocks handed out):
+    measured ● and predicted (line), with the pool's size marked: past it, the pool has cycled."""
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=sweep["filler_blocks"],
+            y=[c / prompt_tokens for c in predicted_cached_tokens],
+            name="predicted (LRU)",
+            line_dash="dash",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(x=sweep["filler_blocks"], y=sweep["hit_rate"], mode="markers", name="measured", marker_size=9)
+    )
+    fig.add_vline(x=pool_blocks, line_dash="dot", line_color=SLO_COLOR, annotation_text=f"pool: {pool_blocks} blocks")
+    fig.update_layout(
+        template=register_course_theme(),
+        title="Eviction: a cached prompt's hit rate as new traffic cycles through the pool",
+        xaxis_title="KV blocks handed to new requests since the prompt was last used",
+        yaxis_title="hit rate of the prompt",
+        yaxis_tickformat=".0%",
         yaxis_rangemode="tozero",
     )
     return fig
