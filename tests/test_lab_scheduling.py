@@ -16,7 +16,7 @@ from minserve.capacity import experiments
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel
 from minserve.engine.core import ScheduledSeq
 from minserve.engine.policies import ShortestPromptFirst
-from minserve.lab import engine_runs, playground, scheduling
+from minserve.lab import engine_runs, playground, scheduling, simulation_figures
 from tests import stand_in
 
 COST = StepCostModel({"base": 1e-3, "prefill_tokens": 1e-5, "decode_seqs": 1e-4})
@@ -192,19 +192,19 @@ def test_capacity_validation_and_sweep():
     capacity = experiments.capacity_rps(COST, SMALL, requests)
     assert capacity > 0
     summary = Simulator(COST, SMALL).run(requests).summary()
-    table = scheduling.validation_table({"low": summary}, {"low": summary})
-    assert list(table.index.get_level_values("metric")) == [name for _, name in scheduling.COMPARED]
+    table = simulation_figures.validation_table({"low": summary}, {"low": summary})
+    assert list(table.index.get_level_values("metric")) == [name for _, name in simulation_figures.COMPARED]
     assert (table["sim / measured"] == 1.0).all()
-    assert len(scheduling.validation_figure(table).data) == 2 * len(scheduling.COMPARED)
+    assert len(simulation_figures.validation_figure(table).data) == 2 * len(simulation_figures.COMPARED)
     target = slo.SLO(ttft_s=0.5, tpot_s=0.05)
     policies = {"FCFS": "fcfs", "SPF": ShortestPromptFirst(0.0)}
-    sweep = scheduling.policy_sweep(
+    sweep = simulation_figures.policy_sweep(
         COST, SMALL, lambda rate: experiments.mixed_workload(60, rate, seed=1), policies, [2.0, 8.0], target, 768
     )
     assert list(sweep["policy"]) == ["FCFS", "SPF", "FCFS", "SPF"] and list(sweep["rate_rps"]) == [2, 2, 8, 8]
     assert (sweep["goodput_rps"] <= sweep["request_throughput_rps"] + 1e-12).all() and (sweep["requests"] == 60).all()
     assert {"ttft_short_p99_ms", "ttft_long_max_ms", "sim_wall_s", "virtual_s"} <= set(sweep.columns)
-    assert len(scheduling.sweep_figure(sweep).data) == 2 * 3
+    assert len(simulation_figures.sweep_figure(sweep).data) == 2 * 3
 
 
 def test_class_summary_and_starvation_figure():
@@ -219,7 +219,7 @@ def test_class_summary_and_starvation_figure():
     assert experiments.find_request(result, "long").metrics.token_times_s[0] == 9.0
     with pytest.raises(KeyError):
         experiments.find_request(result, "nobody")
-    fig = scheduling.starvation_figure({"SPF": result}, stream_ends_s=0.0)
+    fig = simulation_figures.starvation_figure({"SPF": result}, stream_ends_s=0.0)
     assert [trace.name for trace in fig.data] == ["SPF: waiting", "SPF: long first token", "SPF: long finished"]
     assert fig.data[1].x == (9.0,) and fig.data[2].x == (10.0,)
 

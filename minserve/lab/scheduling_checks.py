@@ -1,0 +1,212 @@
+"""Chapter 05's checks: the scheduler's claims held against runs of the engine, and the calibrated cost
+model's prediction of a step held against the step measured.
+
+Each ``check_*`` function raises ``AssertionError`` (saying what differed) unless the runs show the property,
+and returns the numbers it compared. Each fails on an engine without the property (tests/test_ch05_checks.py
+shows it): one sequence per step fails :func:`check_batching`, chunking off fails
+:func:`check_chunked_prefill`, a cost model that leaves out prompt tokens fails
+:func:`check_stall_prediction`, memory to spare fails :func:`check_preemption`, FCFS or no deadline fails
+:func:`check_priorities`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from minserve.capacity.cost_model import StepCostModel, StepFeatures
+from minserve.engine.core import ScheduledSeq
+from minserve.lab.engine_runs import RUNNING_STATES, EngineRun
+
+if TYPE_CHECKING:
+    from minserve.engine.llm import LLM
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+# --- static against continuous batching ---------------------------------------------------------------------
+
+
+def check_batching(
+    static: EngineRun, continuous: EngineRun, predicted_static: int, continuous_bound: int, speedup: float = 1.5
+) -> dict[str, Any]:
+    """Static batching took exactly ``predicted_static`` steps (Σ over batches of the longest member);
+    continuous batching took at least ``continuous_bound`` (⌈Σn / B⌉ or the longest request) and at most
+    ``1 / speedup`` of static's, and so did its mean end-to-end latency in steps. Every request produced all
+    the tokens it asked for, in both runs."""
+    for label, run in (("static", static), ("continuous", continuous)):
+        asked = {r.request_id: r.output_tokens for r in run.requests}
+        produced = {o.request_id: len(o.token_ids) for o in run.outputs}
+        _require(produced == asked, f"{label}: not every request produced its tokens")
+    steps_static, steps_continuous = len(static.steps), len(continuous.steps)
+    _require(steps_static == predicted_static, f"static batching took {steps_static} steps, not {predicted_static}")
+    _require(
+        continuous_bound <= steps_continuous <= predicted_static / speedup,
+        f"continuous batching took {steps_continuous} steps: not within [{continuous_bound}, "
+        f"{predicted_static / speedup:.0f}] (the bound, static's / {speedup:g})",
+    )
+    e2e = {}
+    for label, run in (("static", static), ("continuous", continuous)):
+        table = run.table()
+        e2e[label] = float((table["finish step"] - table["arrival step"]).mean())
+    _require(
+        e2e["continuous"] < e2e["static"] / speedup,
+        f"mean E2E: {e2e['continuous']:.1f} steps continuous, {e2e['static']:.1f} static",
+    )
+    return {"static_steps": steps_static, "continuous_steps": steps_continuous, "mean_e2e_steps": e2e}
+
+
+# --- chunked prefill, and the stall predicted ------------------------------------------------------------------
+
+
+def check_chunked_prefill(
+    chunked: EngineRun, whole: EngineRun, decode_ids: Sequence[str], budget: int, long_prompt: int
+) -> dict[str, Any]:
+    """With chunking, the largest step carries exactly the budget (chunks fill what the decodes leave); without,
+    one step carries the whole prompt beside every running decode (``long_prompt + len(decode_ids)`` tokens).
+    In both, each running decode got a token at every step; without chunks, one of those steps stalled them:
+    the decodes' p99 inter-token latency is over 3 × the chunked run's."""
+    largest = {"chunked": int(chunked.steps["tokens"].max()), "whole": int(whole.steps["tokens"].max())}
+    _require(largest["chunked"] == budget, f"chunked: the largest step ran {largest['chunked']} tokens, not {budget}")
+    expected_whole = long_prompt + len(decode_ids)
+    _require(largest["whole"] == expected_whole, f"unchunked: largest step {largest['whole']}, not {expected_whole}")
+    for label, run in (("chunked", chunked), ("whole", whole)):
+        for rid in decode_ids:
+            _require(bool(np.all(np.diff(run.token_steps[rid]) == 1)), f"{label}: request {rid} skipped a step")
+    p99 = {label: float(np.percentile(run.itl_ms(decode_ids)["itl_ms"], 99))
+           for label, run in (("chunked", chunked), ("whole", whole))}  # fmt: skip
+    _require(p99["whole"] > 3 * p99["chunked"], f"p99 ITL: {p99['whole']:.1f} ms whole, {p99['chunked']:.1f} chunked")
+    return {"largest_step_tokens": largest, "itl_p99_ms": p99}
+
+
+def step_features(run: EngineRun) -> dict[int, StepFeatures]:
+    """What each step of ``run`` ran, in the cost model's units, rebuilt from its occupancy: a request's
+    computed tokens before a step are the tokens it ran in the steps before. That holds for a run without
+    preemption (recompute starts again from zero) and without prefix-cache hits (random prompts); it raises
+    ``ValueError`` on a run with preemptions."""
+    if run.preemptions:
+        raise ValueError("a run with preemptions: computed tokens cannot be rebuilt from the occupancy")
+    running = run.occupancy[run.occupancy["state"].isin(RUNNING_STATES)].sort_values("step", kind="stable")
+    computed: dict[str, int] = {}
+    scheduled: dict[int, list[ScheduledSeq]] = {}
+    for step, rid, state, tokens in running[["step", "request_id", "state", "tokens"]].itertuples(index=False):
+        scheduled.setdefault(int(step), []).append(ScheduledSeq(rid, int(tokens), computed.get(rid, 0), state))
+        computed[rid] = computed.get(rid, 0) + int(tokens)
+    return {step: StepFeatures.of_scheduled(entries) for step, entries in scheduled.items()}
+
+
+def predicted_step_ms(run: EngineRun, cost: StepCostModel) -> pd.Series:
+    """The cost model's time for every step of ``run`` (ms), indexed by step."""
+    return pd.Series({step: cost.step_time_s(f) * 1e3 for step, f in step_features(run).items()}, name="predicted ms")
+
+
+def stall_table(
+    runs: Mapping[str, EngineRun | Sequence[EngineRun]], cost: StepCostModel, decode_ids: Sequence[str]
+) -> pd.DataFrame:
+    """Per label, the largest step of its run (or runs: repeats of one experiment, summarized by their median,
+    so that one step slowed by another process on a shared CPU does not decide): the tokens it ran, its
+    measured time (the stall the running decodes felt: they wait for it), the longest gap they saw between two
+    tokens (that step and whatever else held them up), and the cost model's prediction of the step, all in ms;
+    ``predicted / measured`` compares the prediction with the step's measured time."""
+    rows = []
+    for label, entry in runs.items():
+        repeats = [entry] if isinstance(entry, EngineRun) else list(entry)
+        largest = [run.steps.loc[run.steps["tokens"].idxmax()] for run in repeats]
+        predicted = predicted_step_ms(repeats[0], cost)[int(largest[0]["step"])]
+        measured = float(np.median([step["duration_s"] for step in largest])) * 1e3
+        gap = float(np.median([run.itl_ms(decode_ids)["itl_ms"].max() for run in repeats]))
+        rows.append(
+            {
+                "run": label,
+                "repeats": len(repeats),
+                "largest step tokens": int(largest[0]["tokens"]),
+                "measured step ms": measured,
+                "decodes' longest gap ms": gap,
+                "predicted ms": predicted,
+                "predicted / measured": predicted / measured,
+            }
+        )
+    return pd.DataFrame(rows).set_index("run")
+
+
+def check_stall_prediction(table: pd.DataFrame, unchunked: str, chunked: str, within: float = 2.0) -> dict[str, Any]:
+    """The cost model, fitted on other steps, predicts the unchunked stall (the measured time of the step that
+    carried the whole prompt) within a factor ``within``, and the chunked run's largest step at under a third
+    of it."""
+    ratio = table.loc[unchunked, "predicted / measured"]
+    _require(1 / within <= ratio <= within, f"predicted stall / measured = {ratio:.2f}, not within ×{within:g}")
+    predicted = table["predicted ms"]
+    _require(
+        predicted[chunked] < predicted[unchunked] / 3,
+        f"predicted largest step: {predicted[chunked]:.1f} ms chunked, {predicted[unchunked]:.1f} unchunked",
+    )
+    return {"predicted_over_measured": float(ratio), "predicted_ms": predicted.to_dict()}
+
+
+# --- preemption --------------------------------------------------------------------------------------------------
+
+
+def check_preemption(
+    runs: Mapping[str, EngineRun], engines: Mapping[str, LLM], reference: str = "ample memory"
+) -> dict[str, int]:
+    """Under a tiny KV budget each mode (``"recompute"``, ``"swap"``, the runs' labels) preempted, the trace
+    says how, every preempted request resumed, the outputs are the uninterrupted ``reference`` run's, and every
+    device and host block came back; only swap copied blocks; the reference run was never preempted."""
+    tokens = [o.token_ids for o in runs[reference].outputs]
+    _require(not runs[reference].preemptions, f"the {reference} run was preempted")
+    for mode in ("recompute", "swap"):
+        run, bm = runs[mode], engines[mode].engine.block_manager
+        _require(bool(run.preemptions), f"{mode}: no preemption: the KV budget is not tight")
+        _require([o.token_ids for o in run.outputs] == tokens, f"{mode}: outputs differ from the uninterrupted run")
+        preempted = [e for e in run.events if e.name == "preempted"]
+        _require({e.args["mode"] for e in preempted} == {mode}, f"{mode}: the trace names another mode")
+        resumed = {e.request_id for e in run.events if e.name == "resumed"}
+        _require({e.request_id for e in preempted} == resumed, f"{mode}: a preempted request never resumed")
+        _require(bm.num_used_blocks == 0 and len(bm.free_cpu_blocks) == bm.num_cpu_blocks, f"{mode}: blocks held")
+        copied = int(run.steps["swapped_blocks"].sum())
+        _require((copied > 0) == (mode == "swap"), f"{mode}: {copied} blocks copied to or from host memory")
+    return {mode: len(runs[mode].preemptions) for mode in ("recompute", "swap")}
+
+
+# --- priorities, deadlines, queueing ------------------------------------------------------------------------
+
+
+def check_priorities(
+    fcfs: EngineRun,
+    priority: EngineRun,
+    urgent_ids: Sequence[str],
+    deadline_id: str,
+    deadline_s: float,
+    first_round: Sequence[str],
+    last_round: Sequence[str],
+    margin_s: float = 0.05,
+) -> dict[str, Any]:
+    """Under the priority policy the urgent requests' first tokens come in under half FCFS's steps, and sooner
+    in time. Under FCFS the request with a deadline was stopped (``"deadline"``) before it finished, having
+    waited at least ``deadline_s`` and no longer than one step past it (plus ``margin_s`` for a busy CPU), and
+    the last round of background requests waited longer than the first: queueing, not the model."""
+    ttft = {label: run.table().loc[list(urgent_ids), ["TTFT steps", "TTFT ms"]].mean()
+            for label, run in (("fcfs", fcfs), ("priority", priority))}  # fmt: skip
+    _require(
+        ttft["priority"]["TTFT steps"] < ttft["fcfs"]["TTFT steps"] / 2,
+        f"urgent TTFT: {ttft['priority']['TTFT steps']:.1f} steps by priority, {ttft['fcfs']['TTFT steps']:.1f} FCFS",
+    )
+    _require(ttft["priority"]["TTFT ms"] < ttft["fcfs"]["TTFT ms"], "urgent requests were not served sooner in time")
+    table = fcfs.table()
+    late = table.loc[deadline_id]
+    asked = {r.request_id: r.output_tokens for r in fcfs.requests}[deadline_id]
+    _require(late["finish"] == "deadline" and late["output tokens"] < asked, f"{deadline_id} was not stopped")
+    waited_s, longest_step_s = late["waiting ms"] / 1e3, float(fcfs.steps["duration_s"].max())
+    _require(
+        deadline_s <= waited_s <= deadline_s + longest_step_s + margin_s,
+        f"{deadline_id} waited {waited_s * 1e3:.0f} ms for a {deadline_s * 1e3:.0f} ms deadline",
+    )
+    waited = table["waiting ms"]
+    _require(waited[list(last_round)].min() > waited[list(first_round)].max(), "the last round did not wait longest")
+    return {"urgent_ttft_steps": {k: float(v["TTFT steps"]) for k, v in ttft.items()}, "deadline_waited_s": waited_s}
