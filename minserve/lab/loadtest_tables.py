@@ -134,9 +134,6 @@ def knee_table(summaries: Sequence[Mapping[str, Any]], offered_rps: Sequence[flo
     """
     rows = []
     for rate, s in zip(offered_rps, summaries):
-        server = s.get("server", {})
-        count = server.get("request_queue_time_seconds_count", 0)
-        queue_ms = server.get("request_queue_time_seconds_sum", math.nan) / count * 1e3 if count else math.nan
         rows.append(
             {
                 "run": s["label"],
@@ -147,7 +144,7 @@ def knee_table(summaries: Sequence[Mapping[str, Any]], offered_rps: Sequence[flo
                 "TTFT p99": lookup(dict(s), "ttft_ms.p99"),
                 "TPOT p50": lookup(dict(s), "tpot_ms.p50"),
                 "TPOT p99": lookup(dict(s), "tpot_ms.p99"),
-                "server queue ms": queue_ms,
+                "server queue ms": server_queue_ms(s),
             }
         )
     return pd.DataFrame(rows).set_index("run").round(2)
@@ -214,6 +211,14 @@ def sample_outputs(rows: Sequence[Mapping[str, Any]], count: int = 3, chars: int
         {"run": r["run"], "index": r["index"], "tokens": r["output_tokens"], "text": r["text"][:chars]} for r in chosen
     ]
     return pd.DataFrame(rows, columns=["run", "index", "tokens", "text"])
+
+
+def server_queue_ms(summary: Mapping[str, Any]) -> float:
+    """The server's mean queue time in one run (arrival to first step, ms): its Prometheus histogram's sum over
+    its count during the run; ``nan`` without server metrics or finished requests."""
+    server = summary.get("server", {})
+    count = server.get("request_queue_time_seconds_count", 0)
+    return server.get("request_queue_time_seconds_sum", math.nan) / count * 1e3 if count else math.nan
 
 
 def server_finished(summary: Mapping[str, Any]) -> dict[str, int]:
