@@ -44,7 +44,8 @@ test: lint test-unit test-notebooks test-site
 CELL_TIMEOUT ?= 300
 export NO_MKDOCS_2_WARNING := 1
 
-# Run every chapter on the CPU and check the outputs of the cells tagged nbval-check-output.
+# Run every chapter on the CPU and check the outputs of the cells tagged nbval-check-output. Kernels talk over
+# IPC sockets of their own (conftest.py; scripts/build_site.py likewise), so runs side by side cannot race for ports.
 test-notebooks: install
 	timeout 1200 $(BIN)/pytest -q --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=$(CELL_TIMEOUT) chapters/

@@ -10,7 +10,8 @@ plain dict:
     {"arrival_s": 0.0, "token_times_s": [0.08, 0.12, 0.16], "finish_s": 0.17, "status": "ok"}
 
 ``token_times_s[i]`` is when output token i reached the client; ``status`` is "ok", "failed" or
-"cancelled". Use only the standard library (``math`` and ``itertools`` are handy).
+"cancelled". Use only the standard library (``math`` and ``itertools`` are handy): the grader refuses a file
+that imports anything else, ``minserve.slo`` included.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Try it on the embedded tokenizer:
     [tokenizer.decode([i]) for i in ids]  # some tokens are half a character: '�'
 
 Use only ``tokenizer.decode(ids, skip_special_tokens=...)``; the tests wrap it to count what you decode.
+Besides the tokenizer you are handed, use only the standard library: the grader refuses a file that imports
+anything else (minserve's own detokenizer included).
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ kernels in a notebook or a shell without a GPU, set it before anything imports t
 The launchers take tensors on the kernels' device (CUDA, or the CPU under the interpreter) and return new
 tensors; they never change their inputs. Do the arithmetic inside the kernels; the launchers only check the
 inputs, allocate the output and launch.
+
+Import only torch, triton and the standard library: the grader refuses a file that imports minserve (whose
+own kernels and roofline are answers).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ token slots each, named by ids 0 … num_blocks − 1 (the allocator only does t
   counts as free: when no never-cached block is left, ``allocate()`` evicts the unreferenced cached block
   that was least recently used and forgets its hash.
 
-Use only the standard library (``collections.OrderedDict`` makes a good LRU queue).
+Use only the standard library (``collections.OrderedDict`` makes a good LRU queue): the grader refuses a file
+that imports anything else, minserve's own block manager included.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ so grading is deterministic) and once on the real engine:
   the engine's capacity, it must serve at least 1.5 × as many requests per second within the SLO as FCFS;
 - on **starvation**: under a steady stream of short requests, more than the engine can serve, a long
   prompt that arrives among them must still finish within a bounded number of steps.
+
+Import only the standard library and the two interfaces imported below: the grader refuses a file that
+imports anything else from minserve (its scheduler and simulator included).
 """
 
 from __future__ import annotations

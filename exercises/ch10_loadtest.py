@@ -34,7 +34,8 @@ Part 3 is about *coordinated omission*: a load tester that waits for answers bef
 less load exactly when the server is slow, and its latencies, measured from when it finally sent, hide the
 stall. Measuring from the intended send time puts the hidden waiting back.
 
-Use only the standard library (``math``, ``heapq`` and ``collections`` are handy).
+Use only the standard library (``math``, ``heapq`` and ``collections`` are handy): the grader refuses a file
+that imports anything else, ``minserve.bench`` and ``minserve.slo`` included.
 """
 
 from __future__ import annotations

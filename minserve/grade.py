@@ -6,7 +6,10 @@ grader runs the chapter's tests with pytest in a child process, so a learner's m
 in it) cannot disturb the grader, and every run starts from a clean interpreter. The child imports the
 learner's file from the path in ``MINSERVE_EXERCISE_FILE`` and hands it to each test as the ``exercise``
 fixture; a test is worth ``@pytest.mark.points(n)`` points (1 without the marker) and its docstring is the
-hint shown when it fails.
+hint shown when it fails. Before a test gets the module, :mod:`minserve.exercise_rules` checks that it
+imports only what its chapter allows (most chapters: the standard library), so re-exporting minserve's own
+implementation scores nothing. ``--export-student`` writes the copy of the course learners are handed
+(:mod:`minserve.handout`).
 
 The child writes one JSON file of results; the parent turns it into a score table or, with ``--json``,
 passes it on for a gradebook.
@@ -26,7 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from minserve import exercise_rules
+from minserve.handout import run_export_command
+
 EXERCISE_FILE_ENV = "MINSERVE_EXERCISE_FILE"
+EXERCISE_CHAPTER_ENV = "MINSERVE_EXERCISE_CHAPTER"  # whose import rule applies, in the grading child
 REPO_EXERCISES = Path(__file__).resolve().parents[1] / "exercises"  # present in a clone, absent in a wheel
 DEFAULT_TIMEOUT_S = 600.0  # the whole run; one test gets PER_TEST_TIMEOUT_S where pytest-timeout is installed
 PER_TEST_TIMEOUT_S = 60
@@ -115,17 +122,26 @@ def find_test_files(chapter: str, tests_dir: Path) -> list[Path]:
     return matches
 
 
-def load_exercise(path: str | Path | None = None) -> ModuleType:
-    """Import the module at ``path`` (default: ``$MINSERVE_EXERCISE_FILE``) fresh, under a private name."""
+def load_exercise(path: str | Path | None = None, chapter: str | None = None) -> ModuleType:
+    """Import the module at ``path`` (default: ``$MINSERVE_EXERCISE_FILE``) fresh, under a private name.
+
+    With a ``chapter`` (default: ``$MINSERVE_EXERCISE_CHAPTER``), the file must keep to that chapter's
+    import rule, checked before it runs and again once loaded; else :class:`~minserve.exercise_rules.ForbiddenImport`.
+    """
     path = path or os.environ.get(EXERCISE_FILE_ENV)
+    chapter = chapter or os.environ.get(EXERCISE_CHAPTER_ENV)
     if not path:
         raise RuntimeError(f"set {EXERCISE_FILE_ENV} to the exercise file, or run the tests with `minserve grade`")
     path = Path(path)
+    if chapter:
+        exercise_rules.check_source(chapter, path)
     spec = importlib.util.spec_from_file_location(f"minserve_exercise_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # not cached in sys.modules: each test gets the file as it is now
+    if chapter:
+        exercise_rules.check_module(chapter, module)
     return module
 
 
@@ -155,15 +171,22 @@ def grade(
         raise FileNotFoundError(f"exercise file {file} not found")
     tests = Path(tests_dir).resolve() if tests_dir is not None else base / "tests"
     test_files = find_test_files(chapter, tests)
-    results, output = _run_pytest(file, tests, test_files, timeout_s)
+    results, output = _run_pytest(chapter, file, tests, test_files, timeout_s)
     return GradeReport(chapter, str(file), str(tests), results), output
 
 
-def _run_pytest(file: Path, tests: Path, test_files: list[Path], timeout_s: float) -> tuple[list[GradedTest], str]:
+def _run_pytest(
+    chapter: str, file: Path, tests: Path, test_files: list[Path], timeout_s: float
+) -> tuple[list[GradedTest], str]:
     with tempfile.TemporaryDirectory(prefix="minserve-grade-") as scratch:
         results_path = Path(scratch) / "results.json"
         command = [sys.executable, "-m", "minserve.grade", str(results_path), str(tests), *map(str, test_files)]
-        env = {**os.environ, EXERCISE_FILE_ENV: str(file), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            **os.environ,
+            EXERCISE_FILE_ENV: str(file),
+            EXERCISE_CHAPTER_ENV: chapter,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
@@ -208,7 +231,7 @@ def _worker(results_path: str, rootdir: str, test_files: list[str]) -> int:
 
         @pytest.fixture
         def exercise(self) -> ModuleType:
-            """The learner's module, imported fresh for each test."""
+            """The learner's module, imported fresh for each test (after its chapter's import rule is checked)."""
             return load_exercise()
 
         def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -272,6 +295,10 @@ def format_report(report: GradeReport) -> str:
 
 def run_grade_command(args: argparse.Namespace) -> int:
     """``minserve grade``: exit code 0 for full marks, 1 for fewer, 2 when grading could not run."""
+    if args.export_student:
+        return run_export_command(args, exercises_root(args.root))
+    if args.chapter is None:
+        raise GradingError("name a chapter (minserve grade ch01), or --export-student DIR")
     report, output = grade(args.chapter, args.file, args.tests, args.root, args.solutions, args.timeout)
     if args.verbose:
         print(output, file=sys.stderr)
@@ -286,7 +313,7 @@ def add_grade_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
         help="grade a chapter's exercise",
         description="Run a chapter's graded tests against an exercise file and print the score.",
     )
-    parser.add_argument("chapter", help="ch01, ch02, … (or 01, 1)")
+    parser.add_argument("chapter", nargs="?", help="ch01, ch02, … (or 01, 1)")
     parser.add_argument("--file", help="the exercise file (default: exercises/<chapter>_*.py)")
     parser.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     parser.add_argument("--tests", help="a folder of test_<chapter>*.py files (default: exercises/tests)")
@@ -294,6 +321,11 @@ def add_grade_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     parser.add_argument("--json", action="store_true", help="print machine-readable results")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds for the whole run")
     parser.add_argument("-v", "--verbose", action="store_true", help="also print pytest's output to stderr")
+    parser.add_argument(
+        "--export-student",
+        metavar="DIR",
+        help="instead of grading, copy the course to DIR for learners: no solutions, no --tests folder",
+    )
     parser.set_defaults(run=run_grade_command)
     return parser
 

@@ -1,10 +1,16 @@
-"""scripts/build_site.py: what it changes in an executed chapter before the site renders it."""
+"""scripts/build_site.py: what it changes in an executed chapter before the site renders it, and how its (and
+nbval's) kernels start without racing for ports."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+import nbformat
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_site.py"
 
@@ -30,3 +36,84 @@ def test_inline_and_display_math_become_mathml() -> None:
 def test_code_and_escaped_dollars_are_left_alone() -> None:
     markdown = "run `echo $HOME $PATH`, then\n\n```bash\nexport X=$Y; echo $Z\n```\n\nit costs \\$5 and \\$6"
     assert build_site.tex_to_mathml(markdown) == markdown
+
+
+# --- kernels that cannot collide ------------------------------------------------------------------------------
+
+
+def test_each_kernel_gets_ipc_sockets_of_its_own() -> None:
+    first, second = build_site.kernel_config(), build_site.kernel_config()
+    assert first.KernelManager.transport == second.KernelManager.transport == "ipc"
+    assert first.KernelManager.ip != second.KernelManager.ip  # not jupyter_client's shared "kernel-ipc"
+    assert Path(first.KernelManager.ip).parent == Path(tempfile.gettempdir())
+
+
+def test_nbvals_kernels_use_ipc_too() -> None:
+    """The repository's conftest.py swaps nbval's kernel manager for one on IPC (nbval passes no config)."""
+    kernel = pytest.importorskip("nbval.kernel")
+    km, kc = kernel.start_new_kernel(kernel_name=kernel.CURRENT_ENV_KERNEL_NAME)
+    try:
+        assert km.transport == "ipc" and km.ip.startswith(os.path.join(tempfile.gettempdir(), "minserve-kernel-"))
+        sockets = [f"{km.ip}-{port}" for port in (km.shell_port, km.iopub_port, km.hb_port)]
+        assert all(Path(s).is_socket() for s in sockets)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert not any(Path(s).exists() for s in sockets)  # removed with the kernel
+
+
+# --- widgets, drawn as the chapter left them ----------------------------------------------------------------
+
+
+def _model(name: str, **state) -> dict:
+    return {"model_name": name, "state": state}
+
+
+WIDGET_STATE = {
+    "box": _model("VBoxModel", children=["IPY_MODEL_row", "IPY_MODEL_readout", "IPY_MODEL_plot", "IPY_MODEL_gone"]),
+    "row": _model("HBoxModel", children=["IPY_MODEL_policy", "IPY_MODEL_rate", "IPY_MODEL_chunked"]),
+    "policy": _model("DropdownModel", description="policy", _options_labels=["fcfs", "spf <aged>"], index=1),
+    "rate": _model("FloatSliderModel", description="rate", min=0.5, max=8.0, step=0.5, value=2.5),
+    "chunked": _model("CheckboxModel", description="chunked prefill", value=True),
+    "readout": _model("HTMLModel", value="<p>goodput <b>1.9</b> req/s</p>"),
+    "plot": _model(
+        "OutputModel",
+        outputs=[
+            {"output_type": "display_data", "data": {"text/html": '<div class="plotly-graph-div"></div>'}},
+            {"output_type": "stream", "name": "stdout", "text": "5 < 6"},
+        ],
+    ),
+}
+
+
+def test_a_widget_is_drawn_from_its_saved_state() -> None:
+    html = build_site.static_widget_html("box", WIDGET_STATE)
+    assert html.startswith('<div class="minserve-widget">')
+    assert "<select disabled><option>fcfs</option><option selected>spf &lt;aged&gt;</option></select>" in html
+    assert 'type="range" disabled min="0.5" max="8.0" step="0.5" value="2.5"> 2.5' in html
+    assert '<input type="checkbox" disabled checked> chunked prefill' in html
+    assert '<div class="minserve-widget-readout"><p>goodput <b>1.9</b> req/s</p></div>' in html  # its HTML
+    assert '<div class="plotly-graph-div"></div>' in html and "<pre>5 &lt; 6</pre>" in html  # an Output's outputs
+    assert html.index("policy") < html.index("goodput") < html.index("plotly-graph-div")  # in the box's order
+    assert build_site.static_widget_html("missing", WIDGET_STATE) == ""
+
+
+@pytest.mark.slow
+def test_an_executed_chapter_shows_its_widget_not_its_repr(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import ipywidgets as w\n"
+            "w.VBox([w.IntSlider(value=3, min=0, max=9, description='seats'), w.HTML('<p>three seats</p>')])"
+        )
+    )
+    source, target = tmp_path / "chapter.ipynb", tmp_path / "executed" / "chapter.ipynb"
+    nbformat.write(nb, source)
+    build_site.execute_notebook(source, target, cell_timeout_s=120)
+    executed = nbformat.read(target, as_version=4)
+    assert "widgets" not in executed.metadata  # its state would make nbconvert load a CDN
+    (output,) = executed.cells[0].outputs
+    assert set(output["data"]) == {"text/html"}
+    html = output["data"]["text/html"]
+    assert 'class="minserve-widget"' in html and 'value="3"> 3' in html and "<p>three seats</p>" in html
+    assert build_site.WIDGET_NOTE in html and "VBox(children" not in html

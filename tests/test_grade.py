@@ -1,17 +1,24 @@
-"""The grader can fail: the reference solutions score full marks, the untouched stubs score zero."""
+"""The grader can fail: the reference solutions score full marks, the untouched stubs score zero, a file that
+re-exports minserve scores nothing, and the learner's copy of the course holds no solution."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from minserve import grade
+from minserve import exercise_rules, grade, handout, slo
 
 EXERCISES = Path(__file__).resolve().parents[1] / "exercises"
+# In a learner's copy (minserve grade --export-student) there are no solutions to grade.
+needs_solutions = pytest.mark.skipif(
+    (EXERCISES.parent / handout.MARKER).is_file(), reason="a learner's copy of the course has no reference solutions"
+)
 CHAPTERS = {
     "ch01": "ch01_metrics.py",
     "ch02": "ch02_detokenizer.py",
@@ -44,6 +51,7 @@ def test_finds_the_repository_exercises_from_anywhere(tmp_path, monkeypatch):
         grade.find_test_files("ch99", EXERCISES / "tests")
 
 
+@needs_solutions
 def test_every_chapter_with_tests_has_a_stub_and_a_solution():
     chapters = {path.stem.removeprefix("test_")[:4] for path in (EXERCISES / "tests").glob("test_ch*.py")}
     assert chapters == set(CHAPTERS)
@@ -52,6 +60,7 @@ def test_every_chapter_with_tests_has_a_stub_and_a_solution():
         assert grade.find_exercise_file(chapter, EXERCISES / "solutions").name == name
 
 
+@needs_solutions
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))
 def test_every_stub_is_a_stub_and_every_solution_exists(chapter):
     stub = grade.load_exercise(EXERCISES / CHAPTERS[chapter])
@@ -78,6 +87,7 @@ def test_cli_stubs_score_zero_with_hints(chapter):
     assert "NotImplementedError" in done.stdout and "hint: " in done.stdout
 
 
+@needs_solutions
 @pytest.mark.slow
 @pytest.mark.parametrize("chapter", sorted(CHAPTERS))
 def test_cli_solutions_score_full_marks_as_json(chapter):
@@ -126,4 +136,168 @@ def test_hidden_tests_partial_credit_and_a_learners_file(tmp_path):
 def test_a_broken_test_folder_is_a_grading_error(tmp_path):
     (tmp_path / "test_ch01_broken.py").write_text("import no_such_module_anywhere\n")
     with pytest.raises(grade.GradingError, match="could not be collected"):
-        grade.grade("ch01", file=EXERCISES / "solutions" / "ch01_metrics.py", tests_dir=tmp_path)
+        grade.grade("ch01", file=EXERCISES / "ch01_metrics.py", tests_dir=tmp_path)
+
+
+# --- what an exercise may import -----------------------------------------------------------------------------
+
+STDLIB_ONLY = exercise_rules.ALLOWED_IMPORTS["ch01"]
+
+
+def test_every_chapter_says_what_its_exercise_may_import():
+    assert set(exercise_rules.ALLOWED_IMPORTS) == set(CHAPTERS)
+    for chapter in ("ch01", "ch02", "ch04", "ch08", "ch10"):  # their stubs say "standard library only"
+        assert exercise_rules.ALLOWED_IMPORTS[chapter] == {exercise_rules.STDLIB}
+
+
+def test_the_standard_library_is_allowed_and_nothing_else():
+    allowed = "from __future__ import annotations\nimport math, itertools\nfrom collections import OrderedDict\n"
+    assert exercise_rules.forbidden_imports(allowed, STDLIB_ONLY) == []
+    refused = (
+        "import numpy as np\n"
+        "from minserve.slo import percentile\n"
+        "def f():\n    import minserve.engine.detokenizer\n"  # inside a function, too
+        "from minserve import slo\n"
+        "from . import helpers\n"
+        "m = __import__('minserve')\n"
+        "import importlib\n"
+        "s = importlib.import_module('minserve.slo')\n"
+    )
+    found = exercise_rules.forbidden_imports(refused, STDLIB_ONLY)
+    assert found == [
+        "numpy (line 1)",
+        "minserve.slo (line 2)",
+        "minserve.engine.detokenizer (line 4)",
+        "minserve (line 5)",
+        "a relative import . (line 6)",
+        "a dynamic import __import__(…) (line 7)",
+        "importlib (line 8)",
+        "a dynamic import import_module(…) (line 9)",
+    ]
+
+
+def test_chapter_03_and_05_allow_what_they_build_on_and_no_answer():
+    ch03, ch05 = exercise_rules.ALLOWED_IMPORTS["ch03"], exercise_rules.ALLOWED_IMPORTS["ch05"]
+    assert exercise_rules.forbidden_imports("import torch\nimport triton.language as tl\n", ch03) == []
+    assert exercise_rules.forbidden_imports("from minserve.kernels import rmsnorm\n", ch03) == [
+        "minserve.kernels (line 1)"
+    ]
+    plug_in = "from minserve.engine.policies import Policy\nfrom minserve.engine import sequence\n"
+    assert exercise_rules.forbidden_imports(plug_in, ch05) == []
+    answer = "from minserve.capacity.simulator import Simulator\nfrom minserve.engine import scheduler, policies\n"
+    assert exercise_rules.forbidden_imports(answer, ch05) == [
+        "minserve.capacity.simulator (line 1)",
+        "minserve.engine (line 2)",
+    ]
+
+
+def test_a_loaded_module_holding_minserve_names_is_refused():
+    """The second check: what the module holds, however it got there (here: without any import statement)."""
+    module = types.ModuleType("minserve_exercise_mine")
+    module.percentile = slo.percentile
+    module.slo = slo
+    module.record = slo.RequestRecord(0.0, [0.1], 0.1, "ok")
+
+    def ttft_s(arrival_s, token_times_s):  # written by the learner: defined in the module itself
+        return token_times_s[0] - arrival_s
+
+    ttft_s.__module__ = module.__name__
+    module.ttft_s, module.math = ttft_s, __import__("math")
+    assert exercise_rules.foreign_names(module, STDLIB_ONLY) == [
+        "percentile (from minserve.slo)",
+        "slo (from minserve.slo)",
+        "record (from minserve.slo)",
+    ]
+    with pytest.raises(exercise_rules.ForbiddenImport, match="may use only the standard library"):
+        exercise_rules.check_module("ch01", module)
+
+
+@needs_solutions
+@pytest.mark.parametrize("chapter", sorted(CHAPTERS))
+def test_every_solution_and_stub_keeps_to_its_chapters_rule(chapter):
+    if chapter == "ch03":
+        pytest.importorskip("triton")
+    for path in (EXERCISES / CHAPTERS[chapter], EXERCISES / "solutions" / CHAPTERS[chapter]):
+        grade.load_exercise(path, chapter=chapter)  # raises ForbiddenImport if not
+
+
+@pytest.mark.slow
+def test_a_file_that_re_exports_minserve_scores_nothing(tmp_path):
+    """ch01 is the standard library only: minserve.slo's own functions would pass its tests, and score 0."""
+    learner = tmp_path / "mine.py"
+    learner.write_text("from minserve.slo import itl_s, percentile, tpot_s, ttft_s  # noqa: F401\n")
+    module = grade.load_exercise(learner)  # without the rule: minserve's answers are right answers
+    assert module.percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5 and module.ttft_s(10.0, [10.25]) == 0.25
+    report, _ = grade.grade("ch01", file=learner)
+    assert report.max_score == 28 and report.score == 0
+    for test in report.tests:
+        assert test.outcome == "error" and "ForbiddenImport" in test.message, test
+        assert "may import only the standard library; mine.py imports minserve.slo (line 1)" in test.message
+
+
+# --- the learner's copy of the course -------------------------------------------------------------------------
+
+
+def _course(tmp_path: Path, git: bool) -> Path:
+    """A small course: the real exercises (stubs, tests, solutions), a README, an instructor's hidden tests
+    folder inside it and, in a git clone, an untracked note."""
+    course = tmp_path / "course"
+    shutil.copytree(EXERCISES, course / "exercises", ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    (course / "README.md").write_text("# the course\n")
+    (course / "hidden").mkdir()
+    (course / "hidden" / "test_ch01_hidden.py").write_text(
+        "def test_e2e(exercise):\n    assert exercise.e2e_s(1, 3) == 2\n"
+    )
+    (course / "site").mkdir()
+    (course / "site" / "index.html").write_text("<p>a build output</p>")
+    if git:
+        subprocess.run(["git", "init", "-q", str(course)], check=True)
+        subprocess.run(["git", "-C", str(course), "add", "exercises", "README.md", "hidden"], check=True)
+        (course / "untracked-notes.md").write_text("the instructor's own notes\n")
+    return course
+
+
+@needs_solutions
+@pytest.mark.parametrize("git", [True, False], ids=["git-clone", "plain-folder"])
+def test_export_student_withholds_solutions_and_hidden_tests(tmp_path, git):
+    course = _course(tmp_path, git)
+    out = tmp_path / "handout"
+    done = _cli("--export-student", str(out), "--tests", str(course / "hidden"), "--root", str(course / "exercises"))
+    assert done.returncode == 0, done.stderr
+    assert f"withheld: exercises/solutions/ ({len(CHAPTERS)} files), hidden/ (1 file);" in done.stdout
+    copied = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert copied == sorted(
+        [handout.MARKER, "README.md"]
+        + [f"exercises/{name}" for name in CHAPTERS.values()]
+        + [f"exercises/tests/test_{chapter}.py" for chapter in CHAPTERS]
+    )
+    assert json.loads((out / handout.MARKER).read_text())["withheld"] == ["exercises/solutions/", "hidden/"]
+    assert ("files git does not track" in done.stdout) == git  # the untracked note and site/ are counted
+    no_solutions = _cli("ch01", "--solutions", "--root", str(out / "exercises"))
+    assert no_solutions.returncode == 2 and "solutions" in no_solutions.stderr
+
+
+@needs_solutions
+def test_export_student_refuses_a_copied_solution_and_a_used_folder(tmp_path):
+    course = _course(tmp_path, git=False)
+    (course / "notes").mkdir()
+    shutil.copy(course / "exercises" / "solutions" / "ch04_kv_cache.py", course / "notes" / "allocator.py")
+    out = tmp_path / "handout"
+    with pytest.raises(handout.HandoutLeak, match="notes/allocator.py is .*solutions/ch04_kv_cache.py"):
+        handout.export_student(course / "exercises", out)
+    assert not out.exists()
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    with pytest.raises(ValueError, match="not empty"):
+        handout.export_student(course / "exercises", out)
+
+
+@pytest.mark.slow
+def test_the_learners_copy_grades_its_stubs(tmp_path):
+    course = _course(tmp_path, git=True)
+    out = tmp_path / "handout"
+    handout.export_student(course / "exercises", out)
+    done = _cli("ch01", "--root", str(out / "exercises"), "--json")
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["score"], result["max_score"]) == (0, 28)

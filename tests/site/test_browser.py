@@ -1,4 +1,4 @@
-"""Open the built site in a real headless chromium and check that the chapter charts draw, offline."""
+"""Open the built site in a real headless chromium: every chapter's charts draw and its widget shows, offline."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ CHART_SVG = ".js-plotly-plot svg.main-svg"  # what plotly.js adds once it has dr
 # JS: has plotly.js drawn this chart div? (_fullData is the traces it laid out, of any trace type)
 _DRAWN = "d => d.querySelector('svg.main-svg') !== null && (d._fullData || []).length > 0"
 CHART_TIMEOUT_MS = 60_000  # plotly.js is 4.8 MB to parse on a busy 2-core machine
+WIDGET = ".minserve-widget"  # a widget as scripts/build_site.py draws it from the saved widget state
+CONTROLS = "select, input, textarea, button"
+CHAPTERS = sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "chapters").glob("*.ipynb"))
 
 
 @pytest.fixture
@@ -43,23 +46,34 @@ def test_home_page_lists_chapter_01(page, site_url: str) -> None:
     assert page.remote_requests == []
 
 
-def test_chapter_01_charts_render(page, site_url: str, site_dir: Path, artifacts_dir: Path) -> None:
-    page.goto(site_url + _chapter_path(site_dir, "01_"))
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_shows_its_charts_and_its_widget(page, site_url: str, chapter: str, artifacts_dir: Path) -> None:
+    """Every chart div is drawn by plotly.js (an SVG with its traces), and the widget is on screen as the
+    chapter left it: its controls (disabled) and a readout that says something, a chart or text."""
+    page.goto(f"{site_url}chapters/{chapter}/")
     charts = page.locator(CHART_DIV).count()
-    assert charts >= 1, "chapter 01 shows no chart"
+    assert charts >= 1, f"{chapter} shows no chart"
     # Wait until every chart div (not just the first) has been drawn by plotly.js: an SVG and its traces.
     page.wait_for_function(f"[...document.querySelectorAll('{CHART_DIV}')].every({_DRAWN})", timeout=CHART_TIMEOUT_MS)
     assert page.locator(CHART_SVG).count() >= charts
 
-    first_chart = page.locator(CHART_DIV).first
-    first_chart.scroll_into_view_if_needed()
-    first_chart.screenshot(path=str(artifacts_dir / "chapter01-chart.png"))
-    page.screenshot(path=str(artifacts_dir / "chapter01-page.png"))
+    widget = page.locator(WIDGET).first
+    assert page.locator(WIDGET).count() >= 1, f"{chapter} shows no widget"
+    widget.scroll_into_view_if_needed()
+    assert widget.is_visible() and widget.bounding_box()["height"] > 40
+    # Each control's `disabled`, leaving out what plotly.js draws inside a chart of the widget's.
+    disabled = widget.evaluate(f"w => [...w.querySelectorAll('{CONTROLS}')].filter(e => !e.closest('.js-plotly-plot'))"
+                               ".map(e => e.disabled)")  # fmt: skip
+    assert disabled and all(disabled), f"{chapter}: the widget's controls {disabled} (want: shown, and disabled)"
+    readout = widget.locator(".minserve-widget-readout")
+    shown = [
+        readout.nth(i).inner_text().strip() or readout.nth(i).locator(CHART_DIV).count() for i in range(readout.count())
+    ]
+    assert any(shown), f"{chapter}: the widget's readout is empty"
+    assert page.locator(".minserve-widget-note").first.is_visible()
+
+    widget.screenshot(path=str(artifacts_dir / f"{chapter}-widget.png"))
+    page.locator(CHART_DIV).first.screenshot(path=str(artifacts_dir / f"{chapter}-chart.png"))
+    page.screenshot(path=str(artifacts_dir / f"{chapter}-page.png"))
     assert page.remote_requests == []
     assert page.js_errors == []
-
-
-def _chapter_path(site_dir: Path, prefix: str) -> str:
-    matches = sorted(p.parent.name for p in (site_dir / "chapters").glob(f"{prefix}*/index.html"))
-    assert matches, f"no chapter {prefix}* in {site_dir / 'chapters'}"
-    return f"chapters/{matches[0]}/"
