@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minserve.capacity.speculation import expected_tokens_per_step, predicted_speedup
-from minserve.engine.speculative import SpeculativeConfig, propose_ngram, rejection, verify, verify_greedy
+from minserve.engine.speculative import NgramIndex, SpeculativeConfig, propose_ngram, rejection, verify, verify_greedy
 from minserve.quality import chi_square_quantile, chi_square_test
 
 # --- config ---------------------------------------------------------------------------------------------
@@ -59,6 +59,16 @@ def test_ngram_copies_what_followed_the_longest_most_recent_match():
     assert propose_ngram([7, 8, 9, 0, 8, 9, 7, 8, 9], 1, max_n=3) == [0]
     assert propose_ngram([1, 2, 3, 4], 3, max_n=3) == []  # nothing repeats
     assert propose_ngram([1, 2, 3, 4], 3, max_n=3, min_n=1) == []
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 5), st.integers(1, 4), st.integers(0, 3))
+def test_the_index_proposes_what_the_reference_scan_does_after_every_token(tokens, k, max_n, extra):
+    min_n = min(1 + extra, max_n)
+    index = NgramIndex(max_n, min_n)
+    for i, token in enumerate(tokens):
+        index.append(token)
+        assert index.propose(k) == propose_ngram(tokens[: i + 1], k, max_n, min_n)
+    assert len(index) == len(tokens)
 
 
 @given(st.lists(st.integers(0, 3), min_size=1, max_size=40), st.integers(1, 5), st.integers(1, 4))
