@@ -233,7 +233,14 @@ def _describe_shape(config: ModelConfig) -> str:
 
 
 # What `minserve serve` takes of each configuration (the model's fields come first: they open every command).
-SERVE_ENGINE_FIELDS = (*ENGINE_MODEL, *ENGINE_SCHEDULING, "enable_cuda_graphs", "enable_tracing", "num_threads")
+SERVE_ENGINE_FIELDS = (
+    *ENGINE_MODEL,
+    *ENGINE_SCHEDULING,
+    "enable_cuda_graphs",
+    "enable_tracing",
+    "num_threads",
+    "speculative_config",
+)
 SERVE_SERVER_FIELDS = ("host", "port", "api_key", "max_waiting_requests", "request_timeout_s",
                        "default_max_tokens", "trace_out")  # fmt: skip
 

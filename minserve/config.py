@@ -7,13 +7,14 @@ here and shows up in every command that takes its group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from minserve.engine.policies import Policy
     from minserve.engine.preemption import Preemption
+    from minserve.engine.speculative.config import SpeculativeConfig
 
 
 def option(
@@ -58,6 +59,9 @@ class EngineConfig:
     ``enable_cuda_graphs`` records decode steps as CUDA graphs (on a GPU with the Triton backend); turn it
     off to debug, as vLLM's ``--enforce-eager`` does.
 
+    ``speculative_config`` turns on speculative decoding, in vLLM's dict shape
+    (:class:`~minserve.engine.speculative.SpeculativeConfig`); ``None`` leaves it off.
+
     ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
     one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
     threads than cores keeps the forward pass from waiting on a thread whose core is taken.
@@ -82,6 +86,10 @@ class EngineConfig:
     num_threads: int | None = option(None, "torch CPU threads of the engine", flag="threads")
     backend: str = option("auto", "kernels: auto is triton on CUDA, else torch", choices=("auto", "torch", "triton"))
     enable_cuda_graphs: bool = option(True, "decode steps as CUDA graphs on a GPU (off: eager)")
+    # vLLM's dict ({"method": "ngram", "num_speculative_tokens": 3, ...}) or a SpeculativeConfig.
+    speculative_config: Mapping[str, Any] | SpeculativeConfig | None = option(
+        None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 3}'
+    )
 
     def __post_init__(self) -> None:
         _positive(self, "max_model_len", self.max_model_len, minimum=2, optional=True)
@@ -92,6 +100,20 @@ class EngineConfig:
         _positive(self, "max_num_batched_tokens", self.max_num_batched_tokens)
         _positive(self, "num_threads", self.num_threads, optional=True)
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
+        _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """``speculative_config`` as a checked :class:`SpeculativeConfig` (``None``: no speculation)."""
+        from minserve.engine.speculative.config import SpeculativeConfig
+
+        if self.speculative_config is None or isinstance(self.speculative_config, SpeculativeConfig):
+            return self.speculative_config
+        if not isinstance(self.speculative_config, Mapping):
+            raise ValueError(
+                f"speculative_config must be a dict or a SpeculativeConfig, got {self.speculative_config!r}"
+            )
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
 
 @dataclass(frozen=True)

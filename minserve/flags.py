@@ -15,6 +15,7 @@ plan simulate`` takes the calibrated engine's): only the flags given are passed 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
 from dataclasses import MISSING, Field, fields
 
@@ -83,4 +84,17 @@ def _value_type(annotation: str):
     """``int``, ``float`` or ``str`` from an annotation such as ``"int | None"`` (strings, with postponed
     annotations); anything else (a policy object, say) is given on a command line by name, as a string."""
     first = annotation.split("|")[0].strip()
+    if first.startswith("Mapping"):
+        return json_object
     return _TYPES.get(first, str)
+
+
+def json_object(text: str) -> dict:
+    """A flag's value given as a JSON object, as vLLM takes ``--speculative-config '{"method": …}'``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"need a JSON object ({{...}}), got {text!r}")
+    return value

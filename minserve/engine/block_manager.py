@@ -130,8 +130,8 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return
-        tokens = seq.token_ids
-        for index in range(len(seq.block_hashes), seq.num_computed_tokens // self.block_size):
+        tokens = seq.token_ids  # computed tokens can run ahead of it for a moment: accepted drafts
+        for index in range(len(seq.block_hashes), min(seq.num_computed_tokens, len(tokens)) // self.block_size):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             chunk = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
             block_hash = self.hash_block(parent, chunk)

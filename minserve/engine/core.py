@@ -11,8 +11,10 @@ Two things are plugged in, and they are the only difference between serving and 
   tensor-parallel group of workers; or, in the simulator, a cost model that only says how long the step took;
 * the **clock** (:class:`Clock`): the wall clock, or a virtual clock that the cost model moves forward.
 
-``execute`` returns a *list* of tokens per sequence (one today), so a step that accepts several tokens
-for one sequence (speculative decoding) takes the same path. Observers (calibration, the profiler, the
+``execute`` returns a *list* of tokens per sequence, so a step that keeps several tokens for one
+sequence takes the same path: with a **proposer** (speculative decoding, :mod:`minserve.engine.speculative`)
+the core asks it for drafts before each step, and after the step counts as computed only the drafts the
+model kept. Observers (calibration, the profiler, the
 lab, the simulator's step records) get a :class:`StepReport` after every step that ran something, instead
 of reaching into the scheduler.
 
@@ -36,6 +38,7 @@ from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampler import Sample, SamplingError
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
 from minserve.engine.sequence import Sequence, SequenceStatus
+from minserve.engine.speculative.proposer import Proposer
 from minserve.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -166,6 +169,13 @@ class EngineStats:
     num_preemptions: int
     num_running: int
     num_waiting: int
+    num_draft_tokens: int = 0  # speculative decoding: drafts run through the model so far
+    num_accepted_tokens: int = 0  # … and the ones it kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of drafted tokens the model kept (0 with none drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dict(self.__dict__)
@@ -188,8 +198,10 @@ class EngineCore:
         clock: Clock | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
         tracer: Tracer | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.config = config
+        self.proposer = proposer
         self.executor = executor
         self.clock = clock or WallClock()
         self.stop_token_ids = stop_token_ids
@@ -209,6 +221,8 @@ class EngineCore:
         self.requests: dict[str, Sequence] = {}
         self.observers: list[StepObserver] = []
         self.num_steps = 0  # steps that ran something
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         self._pending_aborts: list[str] = []
         self._lock = threading.Lock()  # guards _pending_aborts: a server aborts from another thread
 
@@ -255,6 +269,8 @@ class EngineCore:
         """
         began_s = self.clock.now()
         outputs = self.process_aborts() + self._expire_deadlines(began_s)
+        if self.proposer is not None:
+            self._propose_drafts()
         batch = self.scheduler.schedule()
         # Swap copies first, even in a step that runs nothing: the blocks a swap gave up may be reused next.
         self.executor.swap(batch.swap_out, batch.swap_in)
@@ -279,12 +295,28 @@ class EngineCore:
         sampled_s = getattr(self.executor, "sampling_started_s", None) if self.tracer.enabled else None
         for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
             self._trace_step(seq, num_new, batch.num_tokens, (start_s, sampled_s or end_s, end_s), bool(result))
-            self.scheduler.complete(seq, num_new)
+            num_drafts = len(seq.draft_token_ids)
+            num_accepted = len(result) - 1 if num_drafts and isinstance(result, list) else 0
+            self.num_draft_tokens += num_drafts
+            self.num_accepted_tokens += num_accepted
+            self.scheduler.complete(seq, num_new, num_accepted)
             if result:
                 outputs.append(self._take(seq, result, end_s))
         if self.observers:
             self._report(batch, scheduled, (began_s, start_s, end_s), outputs)
         return outputs
+
+    def _propose_drafts(self) -> None:
+        """Drafts for each running sequence that is decoding, at most one token short of what it may still
+        produce (the last one always comes from the model), never for a request that wants logprobs."""
+        for seq in self.scheduler.running:
+            if seq.num_uncomputed_tokens != 1 or not seq.output_token_ids or seq.params.logprobs:
+                continue
+            room = seq.params.max_tokens - len(seq.output_token_ids) - 1
+            if self.max_model_len is not None:
+                room = min(room, self.max_model_len - seq.num_tokens)
+            wanted = min(self.proposer.num_speculative_tokens, room)
+            seq.draft_token_ids = self.proposer.propose(seq, wanted) if wanted > 0 else []
 
     def _account_waiting(self, batch: ScheduledBatch, now_s: float) -> None:
         """Waiting time: it starts again at a preemption and ends when a request is (re)admitted."""
@@ -465,4 +497,6 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
         )

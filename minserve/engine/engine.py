@@ -25,6 +25,7 @@ from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
+from minserve.engine.speculative.proposer import make_proposer
 from minserve.model.backends import resolve_backend
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
@@ -64,6 +65,7 @@ class LLMEngine:
             clock=WallClock(),
             stop_token_ids=self._stop_token_ids(),
             tracer=Tracer(enabled=config.enable_tracing),
+            proposer=make_proposer(config.speculative) if config.speculative is not None else None,
         )
         self._request_counter = itertools.count()
         self._arrival_counter = itertools.count()

@@ -14,6 +14,7 @@ import torch
 from minserve.engine.cuda_graphs import DecodeGraphs
 from minserve.engine.sampler import Sample, SamplingError, sample_batch
 from minserve.engine.scheduler import ScheduledBatch
+from minserve.engine.speculative.verifier import verify_drafts
 from minserve.model.attention import AttentionMetadata, allocate_kv_cache
 from minserve.model.llama import LlamaForCausalLM
 
@@ -55,16 +56,33 @@ class ModelRunner:
             hidden = self.graphs.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
-        ends = batch.samples
-        last_rows = torch.tensor(last_token_rows(meta.query_lens), device=self.device)[torch.tensor(ends)]
-        sampling = [seq for seq, end in zip(batch.seqs, ends) if end]
-        logits = self.model.compute_logits(hidden[last_rows]) if sampling else None
+        # The rows that give tokens: a sequence's last row, or with d drafts its last d + 1 (one per draft,
+        # and the bonus position after them).
+        row_counts = [1 + len(seq.draft_token_ids) if end else 0 for seq, end in zip(batch.seqs, batch.samples)]
+        rows = [row for last, count in zip(last_token_rows(meta.query_lens), row_counts) for row in
+                range(last - count + 1, last + 1)]  # fmt: skip
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
         if self.time_sampling:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.sampling_started_s = time.perf_counter()
-        tokens = iter(sample_batch(logits, sampling) if logits is not None else [])
-        return [_as_tokens(next(tokens)) if end else None for end in ends]
+        return self._tokens(batch, logits, row_counts) if logits is not None else [None] * len(batch.seqs)
+
+    def _tokens(
+        self, batch: ScheduledBatch, logits: torch.Tensor, row_counts: list[int]
+    ) -> list[list[Sample] | SamplingError | None]:
+        """Per sequence: its sampled token (one row, sampled with the rest in one batch), the tokens it kept
+        of its drafts (several rows, verified), or None (no rows: its prompt is unfinished)."""
+        starts = [sum(row_counts[:i]) for i in range(len(row_counts))]
+        plain = [i for i, count in enumerate(row_counts) if count == 1]
+        sampled = sample_batch(logits[[starts[i] for i in plain]], [batch.seqs[i] for i in plain]) if plain else []
+        results: list[list[Sample] | SamplingError | None] = [None] * len(batch.seqs)
+        for i, sample in zip(plain, sampled):
+            results[i] = _as_tokens(sample)
+        for i, count in enumerate(row_counts):
+            if count > 1:
+                results[i] = verify_drafts(logits[starts[i] : starts[i] + count], batch.seqs[i])
+        return results
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Copy KV blocks device → host (``(device, host)`` pairs), then host → device (``(host, device)``)."""
@@ -92,7 +110,7 @@ class ModelRunner:
         slots: list[int] = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
+            input_ids.extend((seq.token_ids + seq.draft_token_ids)[start : start + n])
             positions.extend(range(start, start + n))
             slots.extend(self.slot(seq.block_table, position) for position in range(start, start + n))
         max_blocks = max(len(seq.block_table) for seq in batch.seqs)

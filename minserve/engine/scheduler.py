@@ -111,7 +111,9 @@ class Scheduler:
         queue = sorted(self.running, key=self.policy.key)  # served first to last; victims from the back
         while queue and budget > 0:
             seq = queue.pop(0)
-            num_new = self._tokens_to_run(seq.num_uncomputed_tokens, budget)
+            num_new = self._fit_drafts(
+                seq, self._tokens_to_run(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
+            )
             while not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim, batch)
@@ -122,6 +124,16 @@ class Scheduler:
                 batch.add(seq, num_new)
                 budget -= num_new
         return budget
+
+    def _fit_drafts(self, seq: Sequence, num_new: int) -> int:
+        """Trim ``seq``'s drafts (speculative decoding) to what the step can carry: they take budget like any
+        token, and the ones it cannot fit are dropped; if their blocks are not free, all are, since a guess
+        never preempts anyone. Returns the tokens ``seq`` runs this step."""
+        del seq.draft_token_ids[max(0, num_new - seq.num_uncomputed_tokens) :]
+        if seq.draft_token_ids and not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
+            num_new -= len(seq.draft_token_ids)
+            seq.draft_token_ids.clear()
+        return num_new
 
     def _swap_in(self, batch: ScheduledBatch, budget: int) -> int:
         """Bring swapped sequences back, in the policy's order, while blocks and seats allow."""
@@ -170,6 +182,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
+        seq.draft_token_ids.clear()
         seq.num_preemptions += 1
         self.num_preemptions += 1
         batch.preempted.append(seq)
@@ -177,14 +190,18 @@ class Scheduler:
         # Where it waits is the policy's key, not its place in the list.
         (self.swapped if seq.status is SequenceStatus.SWAPPED else self.waiting).append(seq)
 
-    def complete(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def complete(self, seq: Sequence, num_new_tokens: int, num_accepted: int = 0) -> bool:
         """After a step ran ``num_new_tokens`` of ``seq``: they are computed, and any block they filled is named
         for the prefix cache. True when the step sampled a token for it (its known tokens are all computed).
 
-        The engine core and the tests' stand-in do a step's bookkeeping through this.
+        With drafts, only the ``num_accepted`` the model kept count as computed; the rest roll back, and
+        the drafts are cleared. Blocks are named only over tokens the sequence has, so an accepted draft's
+        block is named once the engine has appended it (at the next step's ``complete``), a rejected one's
+        never. The engine core and the tests' stand-in do a step's bookkeeping through this.
         """
         samples = seq.completes_with(num_new_tokens)
-        seq.num_computed_tokens += num_new_tokens
+        seq.num_computed_tokens += num_new_tokens - (len(seq.draft_token_ids) - num_accepted)
+        seq.draft_token_ids.clear()
         self.block_manager.name_full_blocks(seq)
         return samples
 

@@ -2,7 +2,8 @@
 
 The invariant the whole engine leans on: the first ``num_computed_tokens`` tokens of ``token_ids`` have
 their keys and values in the cache, in the blocks of ``block_table`` (in order, ``block_size`` per block).
-Prefill, chunked prefill, decode, a prefix-cache hit and a preemption all just move that number.
+Prefill, chunked prefill, decode, a prefix-cache hit, a preemption and a rejected draft all just move that
+number (a rejected draft's keys and values stay in their slots, past it, until later tokens overwrite them).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Sequence:
     error: str | None = None  # what failed, when finish_reason is "error"
     visible_chars: int = 0  # characters of the detokenized text already reported to the caller
     stop_at_char: int | None = None  # where a matched stop string starts: the text ends there
+    # Speculative decoding: tokens proposed for this step, run after its last token and verified by the
+    # model. Never part of token_ids; the ones the model keeps are appended as outputs after the step.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
@@ -70,8 +74,9 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     def completes_with(self, num_new_tokens: int) -> bool:
-        """Whether running ``num_new_tokens`` more tokens computes all it has, so the step samples its next."""
-        return self.num_computed_tokens + num_new_tokens == self.num_tokens
+        """Whether running ``num_new_tokens`` more tokens computes all it has (its drafts included), so the
+        step samples its next."""
+        return self.num_computed_tokens + num_new_tokens == self.num_tokens + len(self.draft_token_ids)
 
     @property
     def finished(self) -> bool:

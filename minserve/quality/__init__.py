@@ -5,7 +5,12 @@ Chapter 07 compares a quantized model with the full-precision one on these numbe
 ``minserve perplexity`` report them for any checkpoint the engine loads.
 """
 
-from minserve.quality.distribution import ChiSquareResult, chi_square_quantile, chi_square_test
+from minserve.quality.distribution import (
+    ChiSquareResult,
+    chi_square_quantile,
+    chi_square_test,
+    chi_square_two_sample,
+)
 from minserve.quality.held_out import held_out_text
 from minserve.quality.perplexity import PerplexityResult, perplexity
 
@@ -14,6 +19,7 @@ __all__ = [
     "PerplexityResult",
     "chi_square_quantile",
     "chi_square_test",
+    "chi_square_two_sample",
     "held_out_text",
     "perplexity",
 ]

@@ -69,3 +69,32 @@ def chi_square_test(observed: Sequence[int], probabilities: Sequence[float], alp
     statistic = sum((count - expected) ** 2 / expected for count, expected in big)
     df = len(big) - 1
     return ChiSquareResult(statistic, df, chi_square_quantile(df, 1 - alpha), alpha)
+
+
+def chi_square_two_sample(counts_a: Sequence[int], counts_b: Sequence[int], alpha: float = 1e-3) -> ChiSquareResult:
+    """Test whether two samplers draw from one distribution, from their counts per category (homogeneity).
+
+    With no known probabilities, each category's expected count in each sample is its pooled share of that
+    sample's size. Categories the pooled share expects fewer than :data:`MIN_EXPECTED` times in either sample
+    are pooled into one. The statistic sums over both samples and has (categories − 1) degrees of freedom.
+    """
+    if len(counts_a) != len(counts_b):
+        raise ValueError(f"{len(counts_a)} categories against {len(counts_b)}")
+    size_a, size_b = sum(counts_a), sum(counts_b)
+    if size_a == 0 or size_b == 0:
+        raise ValueError("need observations in both samples")
+    share_a = size_a / (size_a + size_b)
+    cells = [(a, b) for a, b in zip(counts_a, counts_b) if a + b > 0]
+    smallest_share = min(share_a, 1 - share_a)
+    big = [cell for cell in cells if sum(cell) * smallest_share >= MIN_EXPECTED]
+    small = [cell for cell in cells if sum(cell) * smallest_share < MIN_EXPECTED]
+    if small:
+        big.append((sum(a for a, _ in small), sum(b for _, b in small)))
+    if len(big) < 2:
+        raise ValueError("too few observations for a test: fewer than two categories expected 5 times")
+    statistic = 0.0
+    for a, b in big:
+        expected_a, expected_b = (a + b) * share_a, (a + b) * (1 - share_a)
+        statistic += (a - expected_a) ** 2 / expected_a + (b - expected_b) ** 2 / expected_b
+    df = len(big) - 1
+    return ChiSquareResult(statistic, df, chi_square_quantile(df, 1 - alpha), alpha)

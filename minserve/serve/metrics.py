@@ -43,6 +43,11 @@ class ServerMetrics:
         self.waiting = Gauge("minserve:num_requests_waiting", "Requests waiting to be scheduled", registry=r)
         self.kv_usage = Gauge("minserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0–1)", registry=r)
         self.preemptions = Gauge("minserve:num_preemptions", "Preemptions since start", registry=r)
+        # Speculative decoding (zero without it): vLLM's spec_decode counters, as totals since the core started.
+        self.draft_tokens = Gauge("minserve:spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
+        self.accepted_tokens = Gauge(
+            "minserve:spec_decode_num_accepted_tokens", "Draft tokens the model kept", registry=r
+        )
         self.engine_restarts = Gauge(
             "minserve:engine_restarts", "Engine cores started after the previous one died", registry=r
         )
@@ -70,4 +75,6 @@ class ServerMetrics:
         self.waiting.set(stats.num_waiting)
         self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total)
         self.preemptions.set(stats.num_preemptions)
+        self.draft_tokens.set(stats.num_draft_tokens)
+        self.accepted_tokens.set(stats.num_accepted_tokens)
         return generate_latest(self.registry)

@@ -4,7 +4,12 @@
 * :mod:`.ngram` — the prompt-lookup proposer (no model: it copies what followed an earlier match), as a
   reference scan and as an index a running sequence keeps up to date;
 * :mod:`.rejection` — the verifier: accept, resample or add a bonus token so that the output distribution
-  is exactly the target's (Leviathan et al. 2023; Chen et al. 2023).
+  is exactly the target's (Leviathan et al. 2023; Chen et al. 2023);
+* :mod:`.proposer` — what the engine core asks for drafts before each step (``make_proposer``);
+* :mod:`.verifier` — what the model runner does with a sequence's k + 1 rows of logits.
+
+The engine's side: the scheduler runs a decoding sequence's last token and its drafts in one step
+(``Sequence.draft_token_ids``), and ``Scheduler.complete`` counts as computed only the drafts kept.
 """
 
 from minserve.engine.speculative.config import SpeculativeConfig

@@ -1,0 +1,186 @@
+"""Speculative decoding inside the engine (n-gram proposer): greedy output identical to plain decoding,
+under chunked prefill and preemption too; sampled output distributed as plain sampling's; no block leaked;
+drafts and acceptances counted; a mistaken config refused with what to change."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minserve import LLM, SamplingParams
+from minserve.config import EngineConfig
+from minserve.flags import add_config_flags, json_object
+from minserve.quality import chi_square_test, chi_square_two_sample
+from tests.servers import MODEL, RunningServer
+
+# Code repeats itself, so prompt lookup finds drafts in it and in what the model writes after it.
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
+    "def fib(n):",
+    "import os\nimport sys\nimport os\nimport",
+    "class Stack:\n    def push(self, x):\n        self.items.append(x)\n\n    def pop(self):",
+    "for i in range(10):\n    print(i)\nfor j in range(10):\n",
+]
+LINES = ["x = 1\n", "y = x\n", "print(x)\n", "def f():\n", "    return y\n"]
+GREEDY = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+
+
+def ngram(k: int, max_n: int = 3) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": max_n}
+
+
+@pytest.fixture(scope="module")
+def plain() -> LLM:
+    return LLM(num_threads=1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_is_plain_greedy_output(plain, k):
+    llm = LLM(num_threads=1, speculative_config=ngram(k))
+    expected = [out.token_ids for out in plain.generate(PROMPTS, GREEDY)]
+    assert [out.token_ids for out in llm.generate(PROMPTS, GREEDY)] == expected
+    stats = llm.engine.core.stats()
+    # Not vacuous: drafts ran, some were kept (fewer steps than tokens), some were not.
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert llm.engine.core.num_steps < GREEDY.max_tokens
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+def test_greedy_identity_holds_under_chunked_prefill_and_preemption(plain):
+    # 10 blocks of 16 tokens for 4 prompts of 20-30 tokens growing by 48: they cannot all stay, so some are
+    # preempted and recomputed; a 32-token step budget chunks every prompt.
+    tight = {"num_kv_blocks": 10, "max_num_batched_tokens": 32, "num_threads": 1}
+    reference = LLM(**tight).generate(PROMPTS, GREEDY)
+    llm = LLM(**tight, speculative_config=ngram(3))
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert [out.token_ids for out in outputs] == [out.token_ids for out in reference]
+    assert [out.token_ids for out in reference] == [out.token_ids for out in plain.generate(PROMPTS, GREEDY)]
+    assert llm.engine.core.stats().num_preemptions > 0 and llm.engine.core.stats().num_accepted_tokens > 0
+    assert llm.stats()["kv_blocks_used"] == 0
+
+
+@pytest.fixture(scope="module")
+def speculative() -> LLM:
+    return LLM(num_threads=1, num_kv_blocks=40, max_num_batched_tokens=48, speculative_config=ngram(4, max_n=2))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.sampled_from(LINES), min_size=1, max_size=12),
+    max_tokens=st.lists(st.integers(1, 40), min_size=1, max_size=5),
+)
+def test_no_block_leaks_and_greedy_identity_on_random_workloads(plain, speculative, lines, max_tokens):
+    prompts = ["".join(lines[i:] + lines[:i]) for i in range(len(max_tokens))]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    got = speculative.generate(prompts, params)
+    assert [out.token_ids for out in got] == [out.token_ids for out in plain.generate(prompts, params)]
+    assert [len(out.token_ids) for out in got] == max_tokens  # a run of accepted drafts never overshoots
+    manager = speculative.engine.core.block_manager
+    assert manager.num_used_blocks == 0 and manager.num_free_blocks == manager.num_blocks
+
+
+def test_a_stop_inside_an_accepted_run_ends_the_request_there(plain):
+    llm = LLM(num_threads=1, speculative_config=ngram(5))
+    [reference] = plain.generate(PROMPTS[0], GREEDY)
+    middle = len(reference.text) // 2
+    stop = reference.text[middle : middle + 3]  # text the greedy answer reaches: it must end just before
+    params = SamplingParams(max_tokens=48, temperature=0.0, stop=stop)
+    [plain_out], [spec_out] = plain.generate(PROMPTS[0], params), llm.generate(PROMPTS[0], params)
+    assert spec_out.text == plain_out.text and len(spec_out.text) <= middle
+    assert spec_out.finish_reason == plain_out.finish_reason == "stop"
+    assert llm.engine.core.stats().num_accepted_tokens > 0
+
+
+class GreedyDrafts:
+    """A proposer that always drafts: the plain greedy answer's tokens at the positions to come. Every
+    sampled position is then verified, and a draft is kept with the target's probability of it."""
+
+    num_speculative_tokens = 3
+
+    def __init__(self, greedy_tokens: list[int]) -> None:
+        self.greedy_tokens = greedy_tokens
+
+    def propose(self, seq, num_tokens: int) -> list[int]:
+        done = len(seq.output_token_ids)
+        return self.greedy_tokens[done : done + num_tokens]
+
+
+def test_sampled_tokens_follow_the_plain_samplers_distribution(plain):
+    """Temperature 1, top-k 3: tokens 2-4 of many seeded requests, drafted at every position, pass a
+    two-sample chi-square test against plain sampling with other seeds, position by position; a verifier
+    that kept every draft fails it (tests/test_speculative.py checks the verifier's own distribution)."""
+    prompt = PROMPTS[1]
+    [greedy] = plain.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    spec_llm = LLM(num_threads=1, speculative_config=ngram(3))
+    spec_llm.engine.core.proposer = GreedyDrafts(greedy.token_ids)
+
+    def sampled(llm: LLM, seeds: range) -> list[list[int]]:
+        params = [SamplingParams(max_tokens=4, temperature=1.0, top_k=3, seed=s, ignore_eos=True) for s in seeds]
+        return [out.token_ids for out in llm.generate([prompt] * len(params), params)]
+
+    plain_tokens, spec_tokens = sampled(plain, range(300)), sampled(spec_llm, range(300, 600))
+    for position in (1, 2, 3):
+        a = collections.Counter(tokens[position] for tokens in plain_tokens)
+        b = collections.Counter(tokens[position] for tokens in spec_tokens)
+        keys = sorted(set(a) | set(b))
+        result = chi_square_two_sample([a[k] for k in keys], [b[k] for k in keys])
+        assert result.passed, (position, result)
+    stats = spec_llm.engine.core.stats()
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # both verification paths ran
+
+
+def test_the_two_sample_test_rejects_different_samplers():
+    assert chi_square_two_sample([100, 100, 100], [110, 95, 95]).passed
+    assert not chi_square_two_sample([150, 100, 50], [50, 100, 150]).passed
+    assert chi_square_test([100, 100], [0.5, 0.5]).passed
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"method": "ngram"}, "must be given"),
+        ({"method": "draft_model", "model": "minserve-tiny-draft", "num_speculative_tokens": 2}, "not served"),
+        ("ngram", "must be a dict"),
+    ],
+)
+def test_a_mistaken_speculative_config_says_what_to_change(options, says):
+    with pytest.raises(ValueError, match=says):
+        LLM(speculative_config=options)
+
+
+def test_serve_takes_vllms_speculative_config_flag():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, EngineConfig, ["speculative_config"])
+    args = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+    with pytest.raises(argparse.ArgumentTypeError, match="not JSON"):
+        json_object("{method: ngram}")
+    with pytest.raises(argparse.ArgumentTypeError, match="JSON object"):
+        json_object("[3]")
+
+
+def test_the_server_speculates_and_reports_it_in_its_metrics(plain):
+    from openai import OpenAI
+
+    server = RunningServer(speculative_config=ngram(3), num_threads=1)
+    try:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=32, temperature=0)
+        [offline] = plain.generate(PROMPTS[0], SamplingParams(max_tokens=32, temperature=0.0))
+        assert answer.choices[0].text == offline.text
+        metrics = httpx.get(server.url + "/metrics").text
+        drafted, accepted = (
+            _gauge(metrics, f"minserve:spec_decode_num_{name}_tokens") for name in ("draft", "accepted")
+        )
+        assert 0 < accepted < drafted
+    finally:
+        server.stop()
+
+
+def _gauge(exposition: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in exposition.splitlines() if line.startswith(name + " "))
