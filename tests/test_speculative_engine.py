@@ -51,6 +51,19 @@ def test_greedy_output_is_plain_greedy_output(plain, k):
     assert llm.stats()["kv_blocks_used"] == 0
 
 
+def test_the_trace_shows_each_decode_steps_drafts_and_what_was_kept():
+    llm = LLM(num_threads=1, speculative_config=ngram(3))
+    [out] = llm.generate(PROMPTS[0], GREEDY)
+    decodes = [e for e in llm.tracer.for_request(out.request_id) if e.name == "decode"]
+    speculated = [e for e in decodes if "drafted" in e.args]
+    assert speculated and all(0 <= e.args["accepted"] <= e.args["drafted"] <= 3 for e in speculated)
+    stats = llm.engine.core.stats()
+    assert sum(e.args["drafted"] for e in speculated) == stats.num_draft_tokens
+    assert sum(e.args["accepted"] for e in speculated) == stats.num_accepted_tokens
+    # Every output token after the first came from a decode step: one per step, plus the kept drafts.
+    assert len(decodes) + stats.num_accepted_tokens == len(out.token_ids) - 1
+
+
 def test_greedy_identity_holds_under_chunked_prefill_and_preemption(plain):
     # 10 blocks of 16 tokens for 4 prompts of 20-30 tokens growing by 48: they cannot all stay, so some are
     # preempted and recomputed; a 32-token step budget chunks every prompt.

@@ -294,9 +294,10 @@ class EngineCore:
         # the engine traces); otherwise the step is one span.
         sampled_s = getattr(self.executor, "sampling_started_s", None) if self.tracer.enabled else None
         for seq, num_new, result in zip(batch.seqs, batch.num_new_tokens, results):
-            self._trace_step(seq, num_new, batch.num_tokens, (start_s, sampled_s or end_s, end_s), bool(result))
             num_drafts = len(seq.draft_token_ids)
             num_accepted = len(result) - 1 if num_drafts and isinstance(result, list) else 0
+            times_s = (start_s, sampled_s or end_s, end_s)
+            self._trace_step(seq, num_new, batch.num_tokens, times_s, bool(result), num_accepted)
             self.num_draft_tokens += num_drafts
             self.num_accepted_tokens += num_accepted
             self.scheduler.complete(seq, num_new, num_accepted)
@@ -444,10 +445,17 @@ class EngineCore:
         )
 
     def _trace_step(
-        self, seq: Sequence, num_new: int, batch_tokens: int, times_s: tuple[float, float, float], sampled: bool
+        self,
+        seq: Sequence,
+        num_new: int,
+        batch_tokens: int,
+        times_s: tuple[float, float, float],
+        sampled: bool,
+        num_accepted: int = 0,
     ) -> None:
         """The step's spans for ``seq``: its forward pass (``prefill`` or ``decode``, start → where sampling
-        began), then ``sample`` (→ the step's end) if the step sampled it a token."""
+        began), then ``sample`` (→ the step's end) if the step sampled it a token. A decode that carried
+        drafts says how many (``drafted``) and how many the model kept (``accepted``)."""
         start_s, sampled_s, end_s = times_s
         if seq.metrics.first_scheduled_time_s is None:
             seq.metrics.first_scheduled_time_s = start_s
@@ -455,7 +463,8 @@ class EngineCore:
         if not self.tracer.enabled:
             return
         kind = "decode" if seq.num_uncomputed_tokens == 1 and seq.output_token_ids else "prefill"
-        self.tracer.span(seq.request_id, kind, start_s, sampled_s, tokens=num_new, batch_tokens=batch_tokens)
+        drafts = {"drafted": len(seq.draft_token_ids), "accepted": num_accepted} if seq.draft_token_ids else {}
+        self.tracer.span(seq.request_id, kind, start_s, sampled_s, tokens=num_new, batch_tokens=batch_tokens, **drafts)
         if sampled and sampled_s < end_s:
             self.tracer.span(seq.request_id, "sample", sampled_s, end_s)
 
