@@ -64,6 +64,21 @@ def test_the_trace_shows_each_decode_steps_drafts_and_what_was_kept():
     assert len(decodes) + stats.num_accepted_tokens == len(out.token_ids) - 1
 
 
+def test_drafts_stay_within_the_step_budget(plain):
+    """A 6-token budget and 4 sequences: a step cannot carry 4 × (1 + 5) tokens, so drafts are cut to fit,
+    with chunked prefill off too; the output stays plain greedy's."""
+    for chunked in (True, False):
+        llm = LLM(num_threads=1, max_num_batched_tokens=6, enable_chunked_prefill=chunked, speculative_config=ngram(5))
+        steps = []
+        llm.engine.core.observers.append(steps.append)
+        outputs = llm.generate(PROMPTS, GREEDY)
+        assert [out.token_ids for out in outputs] == [out.token_ids for out in plain.generate(PROMPTS, GREEDY)]
+        decoding = [r for r in steps if all(s.state in ("decode", "verify") for s in r.scheduled)]
+        assert any(s.state == "verify" for r in decoding for s in r.scheduled)
+        assert decoding and all(r.num_tokens <= 6 for r in decoding)
+        assert llm.engine.core.stats().num_accepted_tokens > 0
+
+
 def test_greedy_identity_holds_under_chunked_prefill_and_preemption(plain):
     # 10 blocks of 16 tokens for 4 prompts of 20-30 tokens growing by 48: they cannot all stay, so some are
     # preempted and recomputed; a 32-token step budget chunks every prompt.
@@ -75,6 +90,57 @@ def test_greedy_identity_holds_under_chunked_prefill_and_preemption(plain):
     assert [out.token_ids for out in reference] == [out.token_ids for out in plain.generate(PROMPTS, GREEDY)]
     assert llm.engine.core.stats().num_preemptions > 0 and llm.engine.core.stats().num_accepted_tokens > 0
     assert llm.stats()["kv_blocks_used"] == 0
+
+
+def draft(k: int) -> dict:
+    return {"method": "draft_model", "model": "minserve-tiny-draft", "num_speculative_tokens": k}
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_draft_model_with_its_own_kv_gives_plain_greedy_output(k):
+    """Under chunked prefill and preemption too; the draft's blocks all come back, as the target's do."""
+    tight = {"num_kv_blocks": 10, "max_num_batched_tokens": 32, "num_threads": 1}
+    reference = LLM(**tight).generate(PROMPTS, GREEDY)
+    llm = LLM(**tight, speculative_config=draft(k))
+    assert [out.token_ids for out in llm.generate(PROMPTS, GREEDY)] == [out.token_ids for out in reference]
+    stats, proposer = llm.engine.core.stats(), llm.engine.core.proposer
+    assert stats.num_preemptions > 0 and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert stats.kv_blocks_used == 0 and proposer.blocks.num_used_blocks == 0
+
+
+def test_the_draft_models_drafts_are_its_greedy_continuation_after_a_rejection():
+    """The draft's own KV rolls back: after two drafts kept and a token of the target's own, what it drafts
+    is what the draft model, run plainly from the same tokens, would write next."""
+    from minserve.engine.outputs import RequestMetrics
+    from minserve.engine.sequence import Sequence, SequenceStatus
+    from minserve.engine.speculative.draft_model import DraftModelProposer
+
+    draft_llm = LLM("minserve-tiny-draft", num_threads=1)
+    greedy4 = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+    def continuation(tokens: list[int]) -> list[int]:
+        return draft_llm.generate([tokens], greedy4)[0].token_ids
+
+    engine = draft_llm.engine
+    proposer = DraftModelProposer(
+        "minserve-tiny-draft", 4, vocab_size=engine.model_config.vocab_size, dtype=engine.dtype,
+        device=engine.device, backend="torch", num_blocks=32, block_size=16,
+    )  # fmt: skip
+    tokens = draft_llm.tokenizer.encode(PROMPTS[2])
+    target = Sequence("t", None, tokens, greedy4, RequestMetrics(0.0), None, status=SequenceStatus.RUNNING)
+    [first] = proposer.propose([target], [4])
+    assert first == continuation(tokens)
+    other = next(t for t in range(10, 500) if t != first[2])  # the target disagreed at the third draft
+    target.prompt_token_ids = [*tokens, *first[:2], other]
+    [second] = proposer.propose([target], [4])
+    assert second == continuation(target.prompt_token_ids)
+    proposer.release(target)
+    assert proposer.blocks.num_used_blocks == 0
+
+
+def test_a_draft_of_another_vocabulary_is_refused():
+    with pytest.raises(ValueError, match="vocabulary of 49152 tokens"):
+        LLM(speculative_config={"method": "draft_model", "model": "smollm2-135m-instruct", "num_speculative_tokens": 2})
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +184,25 @@ class GreedyDrafts:
     def __init__(self, greedy_tokens: list[int]) -> None:
         self.greedy_tokens = greedy_tokens
 
-    def propose(self, seq, num_tokens: int) -> list[int]:
-        done = len(seq.output_token_ids)
-        return self.greedy_tokens[done : done + num_tokens]
+    def propose(self, seqs, num_tokens: list[int]) -> list[list[int]]:
+        return [self.greedy_tokens[len(s.output_token_ids) :][:n] for s, n in zip(seqs, num_tokens)]
+
+    def release(self, seq) -> None:
+        pass
 
 
-def test_sampled_tokens_follow_the_plain_samplers_distribution(plain):
+@pytest.mark.parametrize("proposer", ["always drafting", "draft model"])
+def test_sampled_tokens_follow_the_plain_samplers_distribution(plain, proposer):
     """Temperature 1, top-k 3: tokens 2-4 of many seeded requests, drafted at every position, pass a
     two-sample chi-square test against plain sampling with other seeds, position by position; a verifier
     that kept every draft fails it (tests/test_speculative.py checks the verifier's own distribution)."""
     prompt = PROMPTS[1]
     [greedy] = plain.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    spec_llm = LLM(num_threads=1, speculative_config=ngram(3))
-    spec_llm.engine.core.proposer = GreedyDrafts(greedy.token_ids)
+    if proposer == "draft model":
+        spec_llm = LLM(num_threads=1, speculative_config=draft(3))
+    else:
+        spec_llm = LLM(num_threads=1, speculative_config=ngram(3))
+        spec_llm.engine.core.proposer = GreedyDrafts(greedy.token_ids)
 
     def sampled(llm: LLM, seeds: range) -> list[list[int]]:
         params = [SamplingParams(max_tokens=4, temperature=1.0, top_k=3, seed=s, ignore_eos=True) for s in seeds]
@@ -157,7 +229,6 @@ def test_the_two_sample_test_rejects_different_samplers():
     ("options", "says"),
     [
         ({"method": "ngram"}, "must be given"),
-        ({"method": "draft_model", "model": "minserve-tiny-draft", "num_speculative_tokens": 2}, "not served"),
         ("ngram", "must be a dict"),
     ],
 )

@@ -102,8 +102,9 @@ class Executor(Protocol):
 class ScheduledSeq:
     """One sequence of a step as it was scheduled, read before the step advanced it.
 
-    ``state``: ``decode`` (its next token), ``recompute`` (more than one token of a sequence that had already
-    produced some: it was preempted), or ``prefill`` (its prompt, or a chunk of it).
+    ``state``: ``decode`` (its next token), ``verify`` (its next token and drafts, speculative decoding),
+    ``recompute`` (more than one token of a sequence that had already produced some: it was preempted), or
+    ``prefill`` (its prompt, or a chunk of it).
     """
 
     request_id: str
@@ -115,6 +116,8 @@ class ScheduledSeq:
     def of(cls, seq: Sequence, num_new: int) -> ScheduledSeq:
         if seq.output_token_ids and num_new == 1 and seq.num_uncomputed_tokens == 1:
             state = "decode"
+        elif seq.draft_token_ids and num_new == 1 + len(seq.draft_token_ids):
+            state = "verify"
         else:
             state = "recompute" if seq.output_token_ids else "prefill"
         return cls(seq.request_id, num_new, seq.num_computed_tokens, state)
@@ -310,14 +313,19 @@ class EngineCore:
     def _propose_drafts(self) -> None:
         """Drafts for each running sequence that is decoding, at most one token short of what it may still
         produce (the last one always comes from the model), never for a request that wants logprobs."""
-        for seq in self.scheduler.running:
-            if seq.num_uncomputed_tokens != 1 or not seq.output_token_ids or seq.params.logprobs:
-                continue
-            room = seq.params.max_tokens - len(seq.output_token_ids) - 1
-            if self.max_model_len is not None:
-                room = min(room, self.max_model_len - seq.num_tokens)
-            wanted = min(self.proposer.num_speculative_tokens, room)
-            seq.draft_token_ids = self.proposer.propose(seq, wanted) if wanted > 0 else []
+        decoding = [
+            seq
+            for seq in self.scheduler.running
+            if seq.num_uncomputed_tokens == 1 and seq.output_token_ids and not seq.params.logprobs
+        ]
+        wanted = [min(self.proposer.num_speculative_tokens, self._room(seq)) for seq in decoding]
+        for seq, drafts in zip(decoding, self.proposer.propose(decoding, wanted)):
+            seq.draft_token_ids = drafts
+
+    def _room(self, seq: Sequence) -> int:
+        """Tokens ``seq`` may still produce before its last, which always comes from the model."""
+        room = seq.params.max_tokens - len(seq.output_token_ids) - 1
+        return room if self.max_model_len is None else min(room, self.max_model_len - seq.num_tokens)
 
     def _account_waiting(self, batch: ScheduledBatch, now_s: float) -> None:
         """Waiting time: it starts again at a preemption and ends when a request is (re)admitted."""
@@ -410,6 +418,8 @@ class EngineCore:
         seq.metrics.finish_time_s = now_s
         seq.detokenizer.flush()
         self.scheduler.finish(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)  # a draft model's blocks for it, a lookup index
         event = {"cancelled": "cancelled", "deadline": "deadline", "error": "failed"}.get(reason, "finished")
         self.tracer.instant(seq.request_id, event, now_s, reason=reason)
         output = self._output(seq)

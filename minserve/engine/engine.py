@@ -25,7 +25,7 @@ from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
-from minserve.engine.speculative.proposer import make_proposer
+from minserve.engine.speculative.proposer import Proposer, make_proposer
 from minserve.model.backends import resolve_backend
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
@@ -65,7 +65,7 @@ class LLMEngine:
             clock=WallClock(),
             stop_token_ids=self._stop_token_ids(),
             tracer=Tracer(enabled=config.enable_tracing),
-            proposer=make_proposer(config.speculative) if config.speculative is not None else None,
+            proposer=self._proposer(),
         )
         self._request_counter = itertools.count()
         self._arrival_counter = itertools.count()
@@ -189,6 +189,21 @@ class LLMEngine:
                 f"takes {self.kv_bytes_per_block()} bytes"
             )
         return num_blocks
+
+    def _proposer(self) -> Proposer | None:
+        """Speculative decoding's proposer, if the config asks for one; a draft model shares this engine's
+        device, dtype, backend and KV block count (its blocks are far smaller: it is a smaller model)."""
+        if self.config.speculative is None:
+            return None
+        return make_proposer(
+            self.config.speculative,
+            vocab_size=self.model_config.vocab_size,
+            dtype=self.dtype,
+            device=self.device,
+            backend=self.config.backend,
+            num_blocks=self.scheduler_config.num_kv_blocks,
+            block_size=self.config.block_size,
+        )
 
     def stats(self) -> EngineStats:
         return self.core.stats(kv_cache_bytes=self.runner.kv_cache_bytes)

@@ -111,9 +111,7 @@ class Scheduler:
         queue = sorted(self.running, key=self.policy.key)  # served first to last; victims from the back
         while queue and budget > 0:
             seq = queue.pop(0)
-            num_new = self._fit_drafts(
-                seq, self._tokens_to_run(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
-            )
+            num_new = self._with_drafts(seq, self._tokens_to_run(seq.num_uncomputed_tokens, budget), budget)
             while not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim, batch)
@@ -125,11 +123,13 @@ class Scheduler:
                 budget -= num_new
         return budget
 
-    def _fit_drafts(self, seq: Sequence, num_new: int) -> int:
-        """Trim ``seq``'s drafts (speculative decoding) to what the step can carry: they take budget like any
-        token, and the ones it cannot fit are dropped; if their blocks are not free, all are, since a guess
-        never preempts anyone. Returns the tokens ``seq`` runs this step."""
-        del seq.draft_token_ids[max(0, num_new - seq.num_uncomputed_tokens) :]
+    def _with_drafts(self, seq: Sequence, num_new: int, budget: int) -> int:
+        """``num_new`` plus the drafts (speculative decoding) of ``seq`` the step can carry: they take budget
+        like any token, and the ones it cannot fit are dropped; if their blocks are not free, all are, since a
+        guess never preempts anyone. Only a sequence that runs all it has this step keeps any."""
+        room = max(0, budget - num_new) if num_new == seq.num_uncomputed_tokens else 0
+        del seq.draft_token_ids[room:]
+        num_new += len(seq.draft_token_ids)
         if seq.draft_token_ids and not self.block_manager.can_allocate(self.block_manager.blocks_needed(seq, num_new)):
             num_new -= len(seq.draft_token_ids)
             seq.draft_token_ids.clear()

@@ -7,7 +7,7 @@ proposer sees only tokens, never the model or the clock, so the simulator could 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
 from minserve.engine.speculative.config import SpeculativeConfig
@@ -20,8 +20,13 @@ if TYPE_CHECKING:
 class Proposer(Protocol):
     num_speculative_tokens: int
 
-    def propose(self, seq: Sequence, num_tokens: int) -> list[int]:
-        """Up to ``num_tokens`` draft tokens to follow ``seq.token_ids`` (``[]``: decode plainly)."""
+    def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> list[list[int]]:
+        """For each sequence, up to its ``num_tokens`` draft tokens to follow ``seq.token_ids`` (``[]``:
+        decode plainly). All at once, so a proposer that runs a model batches them."""
+        ...
+
+    def release(self, seq: Sequence) -> None:
+        """``seq`` has finished: drop what was kept for it."""
         ...
 
 
@@ -34,7 +39,13 @@ class NgramProposer:
         self.max_n, self.min_n = max_n, min_n
         self._indexes: WeakKeyDictionary[Sequence, NgramIndex] = WeakKeyDictionary()
 
-    def propose(self, seq: Sequence, num_tokens: int) -> list[int]:
+    def propose(self, seqs: list[Sequence], num_tokens: list[int]) -> list[list[int]]:
+        return [self._propose_one(seq, n) if n > 0 else [] for seq, n in zip(seqs, num_tokens)]
+
+    def release(self, seq: Sequence) -> None:
+        self._indexes.pop(seq, None)
+
+    def _propose_one(self, seq: Sequence, num_tokens: int) -> list[int]:
         index = self._indexes.get(seq)
         if index is None:
             index = self._indexes[seq] = NgramIndex(self.max_n, self.min_n)
@@ -43,11 +54,11 @@ class NgramProposer:
         return index.propose(num_tokens)
 
 
-def make_proposer(config: SpeculativeConfig) -> Proposer:
-    """The proposer a config names. The draft-model proposer is not in the engine yet: say so plainly."""
+def make_proposer(config: SpeculativeConfig, **draft_options: Any) -> Proposer:
+    """The proposer a config names. ``draft_options`` are what a draft model needs of the target engine
+    (``vocab_size``, ``dtype``, ``device``, ``backend``, ``num_blocks``, ``block_size``)."""
     if config.method == "ngram":
         return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min)
-    raise ValueError(
-        f'speculative_config: method {config.method!r} is not served by the engine yet; use "ngram" '
-        "(prompt lookup), or run the draft model's proposals through minserve.engine.speculative.verify"
-    )
+    from minserve.engine.speculative.draft_model import DraftModelProposer  # loads a model: only when asked
+
+    return DraftModelProposer(str(config.model), config.num_speculative_tokens, **draft_options)
