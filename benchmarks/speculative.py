@@ -66,15 +66,14 @@ def proposers(draft: str | None, k: int) -> dict[str, dict]:
     return configs
 
 
-def draft_cost(model: str, draft: str | None, num_tokens: int, threads: int) -> float:
-    """c: the draft's decode step over the target's, each timed plainly at batch 1 (0 without a draft)."""
+def draft_cost(target: LLM, draft: str | None, num_tokens: int, threads: int) -> float:
+    """c: the draft's decode step over the ``target``'s, each timed plainly at batch 1 (0 without a draft)."""
     if not draft:
         return 0.0
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     prompts = workloads(4)["open"]
     step_s = []
-    for name in (model, draft):
-        llm = LLM(name, num_threads=threads, enable_tracing=False)
+    for llm in (target, LLM(draft, num_threads=threads, enable_tracing=False)):
         run(llm, prompts[:1], params, 1)
         step_s.append(run(llm, prompts, params, 1)[1])
     return step_s[1] / step_s[0]
@@ -83,7 +82,7 @@ def draft_cost(model: str, draft: str | None, num_tokens: int, threads: int) -> 
 def measure(model: str, ks: list[int], num_tokens: int, threads: int, draft: str | None = None) -> list[dict]:
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     plain = LLM(model, num_threads=threads, enable_tracing=False)
-    cost = {"ngram": 0.0, "draft": draft_cost(model, draft, num_tokens, threads)}
+    cost = {"ngram": 0.0, "draft": draft_cost(plain, draft, num_tokens, threads)}
     rows = []
     for batch, num_prompts in ((1, 8), (32, 32)):
         for name, prompts in workloads(num_prompts).items():
