@@ -91,7 +91,8 @@ def test_a_failed_request_is_a_500_without_a_traceback_and_the_others_finish(tmp
         responses = asyncio.run(_concurrently(running.url, [bad, good, bad | {"stream": True}]))
         failed, succeeded, streamed = responses
         assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"
-        assert succeeded.status_code == 200 and succeeded.json()["usage"]["completion_tokens"] == 4
+        assert succeeded.status_code == 200, succeeded.text
+        assert succeeded.json()["usage"]["completion_tokens"] == 4
         events = [line for line in streamed.text.splitlines() if line.startswith("data:")]
         assert '"engine_error"' in events[-1] and "[DONE]" not in streamed.text
         for text in (failed.text, streamed.text):
