@@ -37,6 +37,9 @@ def test_config_takes_vllms_dict_shapes():
         ({"method": "ngram", "num_speculative_tokens": 2, "model": "x"}, "uses no model"),
         ({"method": "ngram", "num_speculative_tokens": 2, "num_spec_tokens": 2}, "unknown key"),
         ({"method": "ngram"}, "must be given"),
+        ({"method": "early_exit", "num_speculative_tokens": 2}, 'needs "num_draft_layers"'),
+        ({"method": "early_exit", "num_speculative_tokens": 2, "num_draft_layers": 0}, 'needs "num_draft_layers"'),
+        ({"method": "ngram", "num_speculative_tokens": 2, "num_draft_layers": 2}, 'belongs to method "early_exit"'),
     ],
 )
 def test_config_mistakes_say_what_to_change(options, says):

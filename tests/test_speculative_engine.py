@@ -9,6 +9,7 @@ import collections
 
 import httpx
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -113,7 +114,7 @@ def test_the_draft_models_drafts_are_its_greedy_continuation_after_a_rejection()
     is what the draft model, run plainly from the same tokens, would write next."""
     from minserve.engine.outputs import RequestMetrics
     from minserve.engine.sequence import Sequence, SequenceStatus
-    from minserve.engine.speculative.draft_model import DraftModelProposer
+    from minserve.engine.speculative.draft_model import DraftModelProposer, load_draft
 
     draft_llm = LLM("minserve-tiny-draft", num_threads=1)
     greedy4 = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
@@ -122,10 +123,9 @@ def test_the_draft_models_drafts_are_its_greedy_continuation_after_a_rejection()
         return draft_llm.generate([tokens], greedy4)[0].token_ids
 
     engine = draft_llm.engine
-    proposer = DraftModelProposer(
-        "minserve-tiny-draft", 4, vocab_size=engine.model_config.vocab_size, dtype=engine.dtype,
-        device=engine.device, backend="torch", num_blocks=32, block_size=16,
-    )  # fmt: skip
+    model = load_draft("minserve-tiny-draft", vocab_size=engine.model_config.vocab_size, dtype=engine.dtype,
+                       device=engine.device)  # fmt: skip
+    proposer = DraftModelProposer(model, 4, backend="torch", num_blocks=32, block_size=16)
     tokens = draft_llm.tokenizer.encode(PROMPTS[2])
     target = Sequence("t", None, tokens, greedy4, RequestMetrics(0.0), None, status=SequenceStatus.RUNNING)
     [first] = proposer.propose([target], [4])
@@ -141,6 +141,42 @@ def test_the_draft_models_drafts_are_its_greedy_continuation_after_a_rejection()
 def test_a_draft_of_another_vocabulary_is_refused():
     with pytest.raises(ValueError, match="vocabulary of 49152 tokens"):
         LLM(speculative_config={"method": "draft_model", "model": "smollm2-135m-instruct", "num_speculative_tokens": 2})
+
+
+def early_exit(k: int, layers: int = 1) -> dict:
+    return {"method": "early_exit", "num_draft_layers": layers, "num_speculative_tokens": k}
+
+
+def test_an_early_exit_draft_shares_the_targets_weights_and_gives_plain_greedy_output(plain):
+    """The target's first layer and its head draft; nothing is copied, the target's KV cache is its own."""
+    llm = LLM(num_threads=1, num_kv_blocks=10, max_num_batched_tokens=32, speculative_config=early_exit(3))
+    assert [out.token_ids for out in llm.generate(PROMPTS, GREEDY)] == [
+        out.token_ids for out in plain.generate(PROMPTS, GREEDY)
+    ]
+    target, draft = llm.engine.model, llm.engine.core.proposer.runner.model
+    assert len(draft.layers) == 1 < len(target.layers)
+    assert draft.layers[0].mlp.down_proj.weight is target.layers[0].mlp.down_proj.weight
+    assert draft.lm_head.weight is target.lm_head.weight
+    assert draft.layers[0].self_attn.kv_cache is not target.layers[0].self_attn.kv_cache
+    stats = llm.engine.core.stats()
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens and stats.num_preemptions > 0
+
+
+def test_an_early_exit_draft_is_the_first_layers_run_alone():
+    """Its logits are the target's with every layer past the first removed, and not the whole target's."""
+    from torch import nn
+
+    from minserve.engine.speculative.early_exit import early_exit_view
+
+    model = LLM(num_threads=1).engine.model
+    tokens = torch.tensor([5, 17, 42, 9])
+    whole = model.logits_without_cache(tokens)
+    view_logits = early_exit_view(model, 1).logits_without_cache(tokens)
+    model.layers = nn.ModuleList(model.layers[:1])  # this engine's model only: it is not used again
+    assert torch.equal(view_logits, model.logits_without_cache(tokens))
+    assert not torch.allclose(view_logits, whole)
+    with pytest.raises(ValueError, match="between 1 and 3"):
+        early_exit_view(model, 4)
 
 
 @pytest.fixture(scope="module")

@@ -197,9 +197,7 @@ class LLMEngine:
             return None
         return make_proposer(
             self.config.speculative,
-            vocab_size=self.model_config.vocab_size,
-            dtype=self.dtype,
-            device=self.device,
+            self.model,
             backend=self.config.backend,
             num_blocks=self.scheduler_config.num_kv_blocks,
             block_size=self.config.block_size,

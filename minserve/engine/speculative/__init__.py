@@ -6,7 +6,8 @@
 * :mod:`.rejection` — the verifier: accept, resample or add a bonus token so that the output distribution
   is exactly the target's (Leviathan et al. 2023; Chen et al. 2023);
 * :mod:`.proposer` — what the engine core asks for drafts before each step (``make_proposer``): prompt
-  lookup, or :mod:`.draft_model`, a smaller model with a paged KV cache of its own;
+  lookup, or :mod:`.draft_model`, a smaller model with a paged KV cache of its own, or the target's own
+  first layers as that model (:mod:`.early_exit`, self-speculation);
 * :mod:`.verifier` — what the model runner does with a sequence's k + 1 rows of logits.
 
 The engine's side: the scheduler runs a decoding sequence's last token and its drafts in one step

@@ -2,6 +2,7 @@
 
     {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
     {"method": "draft_model", "model": "minserve-tiny-draft", "num_speculative_tokens": 3}
+    {"method": "early_exit", "num_draft_layers": 8, "num_speculative_tokens": 3}   # the target's first layers
 
 Every mistake is reported with what to change: an unknown method or key, a count below one, a lookup window
 whose minimum is above its maximum, a draft method without its model.
@@ -13,19 +14,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "early_exit")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """``num_speculative_tokens`` (k) drafts per step; the n-gram proposer matches suffixes of
-    ``prompt_lookup_min`` … ``prompt_lookup_max`` tokens; the draft-model proposer runs ``model``."""
+    ``prompt_lookup_min`` … ``prompt_lookup_max`` tokens; the draft-model proposer runs ``model``; the
+    early-exit proposer runs the target's first ``num_draft_layers`` layers and its head."""
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     model: str | None = None
+    num_draft_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -41,8 +44,18 @@ class SpeculativeConfig:
             )
         if self.method == "draft_model" and not self.model:
             raise ValueError('speculative_config: method "draft_model" needs "model", e.g. "minserve-tiny-draft"')
-        if self.method == "ngram" and self.model is not None:
-            raise ValueError('speculative_config: method "ngram" uses no model; drop "model" or use "draft_model"')
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f'speculative_config: method "{self.method}" uses no model of its own; drop "model" '
+                             'or use "draft_model"')  # fmt: skip
+        if self.method == "early_exit":
+            layers = self.num_draft_layers
+            if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+                raise ValueError(
+                    f'speculative_config: method "early_exit" needs "num_draft_layers", a whole number ≥ 1 '
+                    f"(how many of the target's first layers draft), got {layers!r}"
+                )
+        elif self.num_draft_layers is not None:
+            raise ValueError('speculative_config: "num_draft_layers" belongs to method "early_exit"')
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> SpeculativeConfig:

@@ -8,8 +8,9 @@ two still share (the draft's own rollback) and runs the rest. Then k draft steps
 sequence drafting, batched. Greedy drafts make the draft distribution q one-hot, so the verifier's rejection
 sampling keeps the target's distribution exactly (drafting by sampling would need q itself).
 
-The draft's steps are extra forward passes: chapter 08 measures their cost c against the target's step, the
-``draft_cost`` of :func:`minserve.capacity.speculation.predicted_speedup`.
+The same machinery drafts with the target's own first layers (:mod:`.early_exit`): a draft model that
+shares the target's weights. The draft's steps are extra forward passes: chapter 08 measures their cost c
+against the target's step, the ``draft_cost`` of :func:`minserve.capacity.speculation.predicted_speedup`.
 """
 
 from __future__ import annotations
@@ -24,34 +25,32 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence, SequenceStatus
 from minserve.model.backends import resolve_backend
+from minserve.model.llama import LlamaForCausalLM
 from minserve.model.loader import load_model, resolve_model_path
 
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
 
 
+def load_draft(model: str, *, vocab_size: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """The draft ``model`` (a name or a path, as ``LLM`` takes) on the target's device and dtype. Refuses a
+    draft whose vocabulary is not the target's: its token ids would mean other words."""
+    draft = load_model(resolve_model_path(model), dtype, device)
+    if draft.config.vocab_size != vocab_size:
+        raise ValueError(
+            f"speculative_config: the draft model {model!r} has a vocabulary of {draft.config.vocab_size} "
+            f"tokens, the target {vocab_size}; a draft must share the target's tokenizer"
+        )
+    return draft
+
+
 class DraftModelProposer:
-    """Drafts from ``model`` (a name or a path, as ``LLM`` takes), on the target's device and dtype, with
-    ``num_blocks`` KV blocks of ``block_size`` tokens. Refuses a draft whose vocabulary is not the target's."""
+    """Drafts with ``draft`` (loaded by :func:`load_draft`, or the target's early-exit view), computing with
+    ``backend``, in ``num_blocks`` KV blocks of ``block_size`` tokens of its own."""
 
     def __init__(
-        self,
-        model: str,
-        num_speculative_tokens: int,
-        *,
-        vocab_size: int,
-        dtype: torch.dtype,
-        device: torch.device,
-        backend: str,
-        num_blocks: int,
-        block_size: int,
+        self, draft: LlamaForCausalLM, num_speculative_tokens: int, *, backend: str, num_blocks: int, block_size: int
     ) -> None:
-        draft = load_model(resolve_model_path(model), dtype, device)
-        if draft.config.vocab_size != vocab_size:
-            raise ValueError(
-                f"speculative_config: the draft model {model!r} has a vocabulary of {draft.config.vocab_size} "
-                f"tokens, the target {vocab_size}; a draft must share the target's tokenizer"
-            )
-        draft.set_backend(resolve_backend(backend, device))
+        draft.set_backend(resolve_backend(backend, next(draft.parameters()).device))
         self.num_speculative_tokens = num_speculative_tokens
         self.max_len = draft.config.max_position_embeddings
         self.runner = ModelRunner(draft, num_blocks, block_size, 0)

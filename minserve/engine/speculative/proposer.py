@@ -15,6 +15,7 @@ from minserve.engine.speculative.ngram import NgramIndex
 
 if TYPE_CHECKING:
     from minserve.engine.sequence import Sequence
+    from minserve.model.llama import LlamaForCausalLM
 
 
 class Proposer(Protocol):
@@ -54,11 +55,21 @@ class NgramProposer:
         return index.propose(num_tokens)
 
 
-def make_proposer(config: SpeculativeConfig, **draft_options: Any) -> Proposer:
-    """The proposer a config names. ``draft_options`` are what a draft model needs of the target engine
-    (``vocab_size``, ``dtype``, ``device``, ``backend``, ``num_blocks``, ``block_size``)."""
+def make_proposer(config: SpeculativeConfig, target: LlamaForCausalLM, **runner_options: Any) -> Proposer:
+    """The proposer a config names, for the ``target`` model. ``runner_options`` are what a draft's own runner
+    takes of the target engine's (``backend``, ``num_blocks``, ``block_size``)."""
+    k = config.num_speculative_tokens
     if config.method == "ngram":
-        return NgramProposer(config.num_speculative_tokens, config.prompt_lookup_max, config.prompt_lookup_min)
-    from minserve.engine.speculative.draft_model import DraftModelProposer  # loads a model: only when asked
+        return NgramProposer(k, config.prompt_lookup_max, config.prompt_lookup_min)
+    # A draft loads or views a model: import it only when asked.
+    from minserve.engine.speculative.draft_model import DraftModelProposer, load_draft
+    from minserve.engine.speculative.early_exit import early_exit_view
 
-    return DraftModelProposer(str(config.model), config.num_speculative_tokens, **draft_options)
+    if config.method == "early_exit":
+        draft = early_exit_view(target, int(config.num_draft_layers or 0))
+    else:
+        parameter = next(target.parameters())
+        draft = load_draft(
+            str(config.model), vocab_size=target.config.vocab_size, dtype=parameter.dtype, device=parameter.device
+        )
+    return DraftModelProposer(draft, k, **runner_options)
