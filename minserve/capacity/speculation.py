@@ -12,7 +12,8 @@ forward relative to one target step, the speedup over plain decoding is
     speedup = E[tokens per step] / (k·c + 1).
 
 Where it is not memory-bound (large batches, a CPU whose step grows with its tokens), the verification
-itself costs more than one step and the formula is an upper bound: chapter 08 measures where.
+step itself costs v > 1 plain steps, and the speedup is E[tokens per step] / (k·c + v): chapter 08 measures
+v, and where it eats the gain.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ def expected_tokens_per_step(acceptance_rate: float, num_speculative_tokens: int
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-def predicted_speedup(acceptance_rate: float, num_speculative_tokens: int, draft_cost: float) -> float:
-    """Speedup over plain decoding with a draft forward costing ``draft_cost`` target steps (0 for n-gram)."""
-    if draft_cost < 0:
-        raise ValueError(f"draft_cost must be ≥ 0, got {draft_cost}")
+def predicted_speedup(
+    acceptance_rate: float, num_speculative_tokens: int, draft_cost: float, verify_cost: float = 1.0
+) -> float:
+    """Speedup over plain decoding with a draft forward costing ``draft_cost`` plain steps (0 for n-gram) and
+    the verification step ``verify_cost`` plain steps (1 where the forward is memory-bound)."""
+    if draft_cost < 0 or verify_cost <= 0:
+        raise ValueError(f"need draft_cost ≥ 0 and verify_cost > 0, got {draft_cost} and {verify_cost}")
     k = num_speculative_tokens
-    return expected_tokens_per_step(acceptance_rate, k) / (k * draft_cost + 1)
+    return expected_tokens_per_step(acceptance_rate, k) / (k * draft_cost + verify_cost)

@@ -1,0 +1,73 @@
+"""Latency levers, one at a time: the same requests through the engine with one feature and without it.
+
+A :class:`Lever` row names the phase it works on, the quantity compared (lower is better), the value
+without and with the lever, and whether the output tokens were the same (a lever that changes the output
+is not a latency lever). :func:`prefix_reuse` measures the prefix cache on requests that share a long
+prefix, a system prompt as chat products have: it works on prefill, so it shows in TTFT.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from minserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minserve.engine.llm import LLM
+    from minserve.engine.outputs import RequestOutput
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One lever measured alone. ``ratio`` is without / with: above 1, the lever helped."""
+
+    lever: str
+    phase: str
+    quantity: str
+    without: float
+    with_lever: float
+    same_output: bool
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.without / self.with_lever if self.with_lever else float("inf")
+
+    def row(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": round(self.ratio, 2)}
+
+
+def shared_prefix_prompts(num_prompts: int, prefix_tokens: int, own_tokens: int, vocab_size: int, seed: int = 0):
+    """Token-id prompts: one shared random prefix of ``prefix_tokens``, then ``own_tokens`` of each one's own."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(vocab_size) for _ in range(prefix_tokens)]
+    return [prefix + [rng.randrange(vocab_size) for _ in range(own_tokens)] for _ in range(num_prompts)]
+
+
+def one_at_a_time(llm: LLM, prompts: Sequence[list[int]], params: SamplingParams) -> list[RequestOutput]:
+    """Each prompt alone, in order, as a chat product's users send them: the later ones may reuse the
+    earlier ones' cached blocks, never their batch."""
+    return [llm.generate([prompt], params)[0] for prompt in prompts]
+
+
+def mean_ttft_s(outputs: Sequence[RequestOutput]) -> float:
+    return sum(o.metrics.ttft_s or 0.0 for o in outputs) / len(outputs)
+
+
+def prefix_reuse(with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int) -> Lever:
+    """Mean TTFT of ``prompts`` sent one at a time, with the prefix cache and without (after one warm-up
+    request each, which also fills the cache with the shared prefix, as an earlier user would have)."""
+    params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+    runs = {}
+    for label, llm in (("with", with_cache), ("without", without_cache)):
+        one_at_a_time(llm, prompts[:1], params)
+        runs[label] = one_at_a_time(llm, prompts[1:], params)
+    cached = sum(o.num_cached_tokens for o in runs["with"]) / len(runs["with"])
+    return Lever(
+        "prefix reuse", "prefill", "mean TTFT (s)", mean_ttft_s(runs["without"]), mean_ttft_s(runs["with"]),
+        [o.token_ids for o in runs["with"]] == [o.token_ids for o in runs["without"]],
+        f"{cached:.0f} of {len(prompts[1])} prompt tokens cached per request",
+    )  # fmt: skip

@@ -1,0 +1,98 @@
+"""Chapter 08's checks: speculation's claims held against what the engine did.
+
+Each ``check_*`` function raises ``AssertionError`` (saying what differed) unless the measurements show the
+property, and returns the numbers it compared. Each fails on an engine without the property
+(tests/test_ch08_checks.py shows it): a verifier that keeps a wrong draft fails :func:`check_greedy_identity`,
+one that resamples from p fails :func:`check_verifier_distribution`, a sampler shifted by speculation fails
+:func:`check_sampled_distribution`, a speculative step that costs k + 1 plain ones fails
+:func:`check_speedup`, and a profile whose dominant phase is not the one named fails :func:`check_profile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from minserve.capacity.speculation_runs import SpeculationPoint
+from minserve.quality import chi_square_test, chi_square_two_sample
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
+
+
+def check_profile(table: pd.DataFrame, dominant: Mapping[str, str], share: float = 0.6) -> dict[str, float]:
+    """Each workload's named phase (``"prefill"`` or ``"decode"``) took more than ``share`` of its mean
+    request's latency: the lever is chosen for that phase."""
+    shares = {}
+    for workload, phase in dominant.items():
+        prefill = float(table.loc[workload, "prefill share"])
+        shares[workload] = prefill if phase == "prefill" else 1 - prefill
+        _require(
+            shares[workload] > share, f"{workload}: {phase} took {shares[workload]:.0%} of latency, not > {share:.0%}"
+        )
+    return shares
+
+
+def check_greedy_identity(points: Sequence[SpeculationPoint]) -> dict[str, Any]:
+    """Every speculative run gave the plain run's greedy tokens, and the identity is not vacuous: in each
+    run drafts were kept (α > 0) and some were refused (α < 1)."""
+    _require(len(points) > 0, "no speculative runs to check")
+    differing = [f"{p.proposer} k={p.k} ({p.workload}, batch {p.batch})" for p in points if not p.same_output]
+    _require(not differing, f"greedy output changed under speculation: {differing}")
+    vacuous = [f"{p.proposer} k={p.k} α={p.acceptance}" for p in points if not 0 < p.acceptance < 1]
+    _require(not vacuous, f"runs that kept no draft or every draft check nothing: {vacuous}")
+    return {"runs": len(points), "acceptance": sorted({p.acceptance for p in points})}
+
+
+def check_verifier_distribution(
+    target: Sequence[float], correct: Sequence[int], mistaken: Sequence[int], significance: float = 1e-3
+) -> dict[str, float]:
+    """The verifier's first emitted tokens pass a chi-square test against the target p at ``significance``,
+    and the mistaken verifier's fail it: the test can tell them apart."""
+    good, bad = chi_square_test(correct, target, significance), chi_square_test(mistaken, target, significance)
+    _require(good.passed, f"the engine's verifier does not emit p: χ² = {good.statistic:.1f} > {good.critical:.1f}")
+    _require(not bad.passed, f"the test did not catch the mistaken verifier: χ² = {bad.statistic:.1f}")
+    return {"correct_chi2": good.statistic, "mistaken_chi2": bad.statistic, "critical": good.critical}
+
+
+def check_sampled_distribution(
+    plain: Sequence[int], speculative: Sequence[int], accepted_drafts: int, significance: float = 1e-3
+) -> dict[str, float]:
+    """Sampled tokens with and without speculation pass a two-sample chi-square test, with drafts accepted
+    in the speculative run (otherwise it was plain sampling)."""
+    _require(accepted_drafts > 0, "the speculative run kept no draft: nothing was verified")
+    result = chi_square_two_sample(plain, speculative, significance)
+    _require(
+        result.passed,
+        f"speculation changed the sampled distribution: χ² = {result.statistic:.1f} > {result.critical:.1f}",
+    )
+    return {"chi2": result.statistic, "critical": result.critical, "accepted_drafts": accepted_drafts}
+
+
+def check_speedup(point: SpeculationPoint, low: float = 0.5, high: float = 1.2) -> dict[str, float]:
+    """A speculative run was faster than plain decoding, and its measured speedup lies within
+    [``low``, ``high``] × the formula's prediction with the measured verification cost v."""
+    ratio = point.measured_speedup / point.predicted_with_verify_cost
+    _require(point.measured_speedup > 1, f"speculation did not pay: {point.measured_speedup:.2f}× plain")
+    _require(
+        low <= ratio <= high,
+        f"measured {point.measured_speedup:.2f}× is {ratio:.2f} × the prediction "
+        f"{point.predicted_with_verify_cost:.2f}×, outside [{low}, {high}]",
+    )
+    return {"measured": point.measured_speedup, "predicted": point.predicted_with_verify_cost, "ratio": ratio}
+
+
+def check_batch_lesson(small: SpeculationPoint, large: SpeculationPoint) -> dict[str, float]:
+    """The same proposer and k at a large batch: a verification step costs more plain steps (v grows) and
+    the speedup falls below the small batch's, and below 1: speculation is a lever for small batches."""
+    _require(large.verify_cost > small.verify_cost, f"v did not grow: {small.verify_cost} → {large.verify_cost}")
+    _require(
+        large.measured_speedup < min(1.0, small.measured_speedup),
+        f"batch {large.batch}: {large.measured_speedup:.2f}×, batch {small.batch}: {small.measured_speedup:.2f}×",
+    )
+    return {"small": small.measured_speedup, "large": large.measured_speedup, "v_small": small.verify_cost,
+            "v_large": large.verify_cost}  # fmt: skip

@@ -1,0 +1,153 @@
+"""Chapter 08's checks (minserve.lab.speculation_checks) pass on the engine and fail where the property is
+gone: a greedy verifier that keeps every draft, a verifier that resamples from p, sampling that speculation
+shifted, a speculative step that costs too much, a batch where speculation still pays, a profile whose phase
+is not the one named. Engine runs use minserve-tiny on a few short requests; the wall-clock claims (the
+speedup band, the batch lesson) are tested on numbers made here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from minserve import LLM, SamplingParams
+from minserve.capacity import levers
+from minserve.capacity.speculation_runs import SpeculationPoint, compare, greedy, spec_config, timed_run, workloads
+from minserve.engine.speculative import verifier
+from minserve.engine.speculative.rejection import Verdict, verify
+from minserve.lab import speculation, speculation_checks
+
+
+def _engine(**options) -> LLM:
+    return LLM(device="cpu", num_threads=1, **options)
+
+
+@pytest.fixture(scope="module")
+def plain() -> LLM:
+    return _engine()
+
+
+def _points(plain: LLM) -> list[SpeculationPoint]:
+    prompts = workloads(3)["grounded"]
+    reference = timed_run(plain, prompts, greedy(24), batch=1)
+    llm = _engine(speculative_config=spec_config("ngram", 3))
+    return [compare(reference, llm, prompts, greedy(24), 1, workload="grounded", proposer="ngram")]
+
+
+def test_greedy_identity_holds_on_the_engine(plain):
+    result = speculation_checks.check_greedy_identity(_points(plain))
+    assert result["runs"] == 1
+
+
+def test_greedy_identity_fails_a_verifier_that_keeps_every_draft(plain, monkeypatch):
+    def keep_all(drafts, argmax):
+        return Verdict([*drafts, int(argmax[len(drafts)])], len(drafts))
+
+    monkeypatch.setattr(verifier, "verify_greedy", keep_all)
+    with pytest.raises(AssertionError, match="greedy output changed|kept no draft or every draft"):
+        speculation_checks.check_greedy_identity(_points(plain))
+
+
+def test_greedy_identity_refuses_vacuous_runs(plain):
+    [point] = _points(plain)
+    with pytest.raises(AssertionError, match="check nothing"):
+        speculation_checks.check_greedy_identity([dataclasses.replace(point, acceptance=0.0)])
+
+
+P = torch.tensor([1, 2, 3, 4, 2, 1], dtype=torch.float64) / 13
+Q = torch.tensor([5, 1, 1, 1, 3, 1], dtype=torch.float64) / 12
+
+
+def test_the_verifier_check_tells_the_engines_verify_from_the_mistake():
+    correct = speculation.first_token_counts(verify, P, Q, k=1, trials=2000, seed=0)
+    wrong = speculation.first_token_counts(speculation.verify_resampling_from_p, P, Q, k=1, trials=2000, seed=0)
+    result = speculation_checks.check_verifier_distribution(P.tolist(), correct, wrong)
+    assert result["mistaken_chi2"] > result["critical"] >= result["correct_chi2"]
+    with pytest.raises(AssertionError, match="does not emit p"):
+        speculation_checks.check_verifier_distribution(P.tolist(), wrong, wrong)
+    with pytest.raises(AssertionError, match="did not catch"):
+        speculation_checks.check_verifier_distribution(P.tolist(), correct, correct)
+
+
+def test_sampled_tokens_keep_their_distribution_under_speculation(plain):
+    prompt = workloads(1)["open"][0]
+    params = [SamplingParams(max_tokens=4, temperature=1.0, top_k=3, seed=i, ignore_eos=True) for i in range(200)]
+    spec = _engine(speculative_config=spec_config("draft", 3, draft="minserve-tiny-draft"))
+    outputs = {"plain": plain.generate([prompt] * 200, params), "spec": spec.generate([prompt] * 200, params)}
+    common = speculation.most_common_tokens(outputs["plain"], slice(1, None), 8)
+    counts = {label: speculation.token_counts(outs, slice(1, None), common) for label, outs in outputs.items()}
+    assert sum(counts["plain"]) == sum(counts["spec"]) == 200 * 3
+    accepted = spec.engine.core.stats().num_accepted_tokens
+    speculation_checks.check_sampled_distribution(counts["plain"], counts["spec"], accepted)
+    with pytest.raises(AssertionError, match="kept no draft"):
+        speculation_checks.check_sampled_distribution(counts["plain"], counts["spec"], 0)
+    shifted = [counts["spec"][-1], *counts["spec"][:-1]]  # the same counts, on other tokens
+    with pytest.raises(AssertionError, match="changed the sampled distribution"):
+        speculation_checks.check_sampled_distribution(counts["plain"], shifted, accepted)
+
+
+def _point(batch: int, measured: float, predicted: float, verify_cost: float) -> SpeculationPoint:
+    return SpeculationPoint(
+        workload="grounded", batch=batch, proposer="ngram", k=3, acceptance=0.5, draft_cost=0.0,
+        predicted_speedup=1.9, verify_cost=verify_cost, predicted_with_verify_cost=predicted,
+        measured_speedup=measured, plain_tok_s=100.0, spec_tok_s=100.0 * measured, same_output=True,
+    )  # fmt: skip
+
+
+def test_the_speedup_check_holds_a_band_around_the_prediction():
+    assert speculation_checks.check_speedup(_point(1, 1.4, 1.6, 1.15))["ratio"] == pytest.approx(1.4 / 1.6)
+    with pytest.raises(AssertionError, match="did not pay"):
+        speculation_checks.check_speedup(_point(1, 0.9, 1.6, 1.15))
+    with pytest.raises(AssertionError, match="outside"):  # a step costing k + 1 plain ones: 1.9 / 4
+        speculation_checks.check_speedup(_point(1, 1.05, 2.5, 1.15))
+
+
+def test_the_batch_lesson_fails_where_speculation_still_pays_at_the_large_batch():
+    small = _point(1, 1.4, 1.6, 1.15)
+    speculation_checks.check_batch_lesson(small, _point(32, 0.7, 1.4, 1.5))
+    with pytest.raises(AssertionError, match="batch 32"):
+        speculation_checks.check_batch_lesson(small, _point(32, 1.2, 1.4, 1.5))
+    with pytest.raises(AssertionError, match="v did not grow"):
+        speculation_checks.check_batch_lesson(small, _point(32, 0.7, 1.4, 1.1))
+
+
+def test_the_profile_names_the_phase_that_dominates(plain):
+    long_prompts = levers.shared_prefix_prompts(2, 512, 8, plain.model_config.vocab_size)
+    runs = {
+        "chat": levers.one_at_a_time(plain, workloads(2)["grounded"], greedy(24)),
+        "long prompt": levers.one_at_a_time(_engine(enable_prefix_caching=False), long_prompts, greedy(2)),
+    }
+    table = speculation.phase_table(runs)
+    assert list(table["requests"]) == [2, 2]
+    speculation_checks.check_profile(table, {"chat": "decode", "long prompt": "prefill"}, share=0.5)
+    with pytest.raises(AssertionError, match="chat: prefill took"):
+        speculation_checks.check_profile(table, {"chat": "prefill"}, share=0.5)
+    assert list(speculation.phase_figure(table).data[1].x) == list(table["decode ms"])
+
+
+def test_prefix_reuse_caches_the_shared_prefix_and_keeps_the_tokens(plain):
+    prompts = levers.shared_prefix_prompts(3, 64, 8, plain.model_config.vocab_size)
+    lever = levers.prefix_reuse(_engine(enable_prefix_caching=True), _engine(enable_prefix_caching=False), prompts, 4)
+    assert lever.same_output and lever.note.startswith("64 of 72")  # 64 = four full 16-token blocks
+    table = speculation.levers_table([lever])
+    assert table.loc["prefix reuse", "source"] == "measured here"
+
+
+def test_acceptance_by_position_counts_only_the_positions_reached():
+    from minserve.capacity.speculation_runs import acceptance_by_position
+    from minserve.trace import TraceEvent
+
+    steps = [(3, 0), (3, 1), (3, 3), (2, 2), (0, 0)]  # (drafted, accepted)
+    events = [TraceEvent("r", "decode", 0.0, 0.0, {"drafted": d, "accepted": a}) for d, a in steps]
+    # position 1 reached by 4 steps, kept by 3; position 2 reached by 3, kept by 2; position 3 reached by 1, kept 1.
+    assert acceptance_by_position(events, 3) == [3 / 4, 2 / 3, 1.0]
+
+
+def test_the_explorer_draws_the_curve_and_the_measured_points():
+    fig = speculation.speedup_figure(0.5, 0.0, 1.0, [_point(1, 1.4, 1.6, 1.15)], max_k=4)
+    assert fig.data[0].y[2] == pytest.approx(1.875)  # k = 3 at α = 0.5, c = 0, v = 1
+    assert list(fig.data[1].y) == [1.4]
+    assert len(speculation.speedup_explorer([_point(1, 1.4, 1.6, 1.15)]).children) == 4
+    assert isinstance(speculation.points_table([_point(1, 1.4, 1.6, 1.15)]), pd.DataFrame)
