@@ -83,6 +83,20 @@ def test_a_request_that_fails_inside_the_engine_ends_alone(tmp_path):
     assert llm.generate([[8, 9, 10]], sound)[0].token_ids == outs[1].token_ids  # and the engine goes on
 
 
+def test_a_failed_requests_nan_keys_and_values_never_reach_the_requests_that_reuse_its_blocks(tmp_path):
+    """The poisoned request fills both blocks of the cache with NaN keys and values and fails; the next
+    requests get those blocks, and their decode steps read the stale slots past their context (masked, but
+    a masked NaN still poisons a softmax). They finish as on a sound engine. (This was a flaky server test.)"""
+    llm = LLM(str(poisoned_copy(tmp_path / "poisoned", POISON)), num_kv_blocks=2, block_size=16)
+    sound = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    assert llm.generate([[POISON, *range(10, 38)]], SamplingParams(max_tokens=2))[0].finish_reason == "error"
+    outs = llm.generate([[8, 9, 10], [11, 12]], sound)
+    assert [o.finish_reason for o in outs] == ["length", "length"], [o.error for o in outs]
+    assert [o.token_ids for o in outs] == [
+        o.token_ids for o in LLM(num_kv_blocks=2).generate([[8, 9, 10], [11, 12]], sound)
+    ]
+
+
 def test_a_failed_request_is_a_500_without_a_traceback_and_the_others_finish(tmp_path):
     running = RunningServer(model_path=poisoned_copy(tmp_path / "poisoned", POISON), num_kv_blocks=64)
     try:

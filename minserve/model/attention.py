@@ -164,6 +164,30 @@ def _attend(
     return out.transpose(0, 1)
 
 
+def decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """A decode step (one new token per sequence) from tensors alone: what a compiled decode step runs.
+
+    The same attention as :func:`paged_attention` gives a decode step, written so that ``torch.compile``
+    traces it as one graph for every batch size and context length: no Python list, no value read back to
+    the host (every block of ``block_tables`` is read, and keys past ``context_lens`` are masked), and keys
+    and values are stored by one indexed assignment, which inductor does in place (the two
+    ``index_copy_`` of :func:`store_kv` make it copy the whole cache, every layer, every step).
+    ``query`` is ``[num_seqs, num_heads, head_dim]``; returns the same shape.
+    """
+    kv_cache.flatten(1, 2)[:, slot_mapping] = torch.stack((key, value))  # [2, slots, heads, head_dim] view
+    return _attend_one_query(query, kv_cache, block_tables, context_lens, scale, sliding_window)
+
+
 def _decode_batch(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -177,11 +201,28 @@ def _decode_batch(
     context_lens = torch.tensor([meta.context_lens[i] for i in rows], device=query.device)
     max_blocks = -(-int(context_lens.max()) // block_size)
     tables = meta.block_tables[rows, :max_blocks]  # [batch, max_blocks]
-    keys, values = kv_cache[:, tables].flatten(2, 3).unbind(0)  # each [batch, max_blocks*block_size, h, d]
+    return _attend_one_query(query, kv_cache, tables, context_lens, scale, sliding_window)
+
+
+def _attend_one_query(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Each sequence's one query over the blocks of its row of ``tables``, keys past its context masked."""
+    keys, values = kv_cache[:, tables].flatten(2, 3).unbind(0)  # each [batch, blocks * block_size, h, d]
     key_pos = torch.arange(keys.shape[1], device=query.device)[None, :]
     mask = key_pos < context_lens[:, None]
     if sliding_window is not None:
         mask &= key_pos > context_lens[:, None] - 1 - sliding_window
+    # Slots past a sequence's context hold whatever their block last held: another request's keys and
+    # values, NaN if that request's were. A masked NaN still poisons the row (its score becomes NaN, and
+    # 0 × NaN is NaN), so one bad request would fail every later one that reuses its blocks: zero them.
+    unseen = ~mask[:, :, None, None]
+    keys, values = keys.masked_fill(unseen, 0.0), values.masked_fill(unseen, 0.0)
     out = F.scaled_dot_product_attention(
         query[:, :, None, :],  # [batch, heads, 1, head_dim]
         keys.transpose(1, 2),
