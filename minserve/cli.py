@@ -237,6 +237,7 @@ SERVE_ENGINE_FIELDS = (
     *ENGINE_MODEL,
     *ENGINE_SCHEDULING,
     "enable_cuda_graphs",
+    "compile_model",
     "enable_tracing",
     "num_threads",
     "speculative_config",

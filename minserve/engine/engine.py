@@ -56,6 +56,8 @@ class LLMEngine:
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
+        if config.compile_model:
+            self.runner.compile_decode()
         self.inputs = InputProcessor(
             self.tokenizer, self.model_config.vocab_size, self.max_model_len, self.scheduler_config.kv_capacity_tokens
         )

@@ -35,7 +35,7 @@ class LLM:
     ``max_model_len``, ``block_size``, ``num_kv_blocks``, ``kv_cache_memory_bytes``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``enable_prefix_caching``, ``enable_tracing``, ``enable_chunked_prefill``,
     ``scheduling_policy``, ``preemption_mode``, ``swap_space_bytes``, ``backend``, ``num_threads``,
-    ``enable_cuda_graphs``).
+    ``enable_cuda_graphs``, ``compile_model``).
     """
 
     def __init__(self, model: str | Path = DEFAULT_MODEL, **engine_options: Any) -> None:

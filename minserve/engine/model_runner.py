@@ -8,6 +8,7 @@ whose new tokens reach the end of what it has (a prefill chunk in the middle of 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,11 +19,15 @@ from minserve.engine.speculative.verifier import verify_drafts
 from minserve.model.attention import AttentionMetadata, allocate_kv_cache
 from minserve.model.llama import LlamaForCausalLM
 
+if TYPE_CHECKING:
+    from minserve.engine.compilation import CompiledDecode
+
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
+        self.compiled: CompiledDecode | None = None  # set by compile_decode
         self.block_size = block_size
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
@@ -54,6 +59,8 @@ class ModelRunner:
         input_ids, positions, meta = self.prepare(batch)
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)
+        elif self.compiled is not None and self.compiled.can_run(meta):
+            hidden = self.compiled.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
         # The rows that give tokens: a sequence's last row, or with d drafts its last d + 1 (one per draft,
@@ -98,6 +105,12 @@ class ModelRunner:
     def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """Record decode steps as CUDA graphs (see :mod:`minserve.engine.cuda_graphs`)."""
         self.graphs = DecodeGraphs(self.model, max_num_seqs, max_model_len, self.block_size)
+
+    def compile_decode(self) -> None:
+        """Run decode steps through ``torch.compile`` (see :mod:`minserve.engine.compilation`); compiles now."""
+        from minserve.engine.compilation import CompiledDecode  # imports torch._dynamo: only when asked
+
+        self.compiled = CompiledDecode(self.model, self.block_size)
 
     def slot(self, block_table: list[int], position: int) -> int:
         """Where the token at ``position`` lives in the flat cache: its block's first slot plus its offset."""

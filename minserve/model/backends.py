@@ -15,15 +15,14 @@ else changes, in the spirit of gpt-fast's swapped modules.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from minserve.model.attention import AttentionMetadata, paged_attention
+from minserve.model.attention import AttentionMetadata, decode_attention, paged_attention
 
 BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
@@ -34,12 +33,17 @@ class Rope:
 
     positions: torch.Tensor  # [num_tokens]
     inv_freq: torch.Tensor  # [head_dim / 2], float32
+    # Kept by hand, not by functools.cached_property: on Python 3.11 and older that takes a lock, which
+    # torch.compile cannot trace (a compiled forward would break its graph at every layer).
+    _cos_sin: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
-    @functools.cached_property
+    @property
     def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Each ``[num_tokens, 1, head_dim / 2]`` float32: computed once per step, shared by every layer."""
-        angles = self.positions.float()[:, None] * self.inv_freq[None, :]
-        return angles.cos()[:, None, :], angles.sin()[:, None, :]
+        if self._cos_sin is None:
+            angles = self.positions.float()[:, None] * self.inv_freq[None, :]
+            self._cos_sin = angles.cos()[:, None, :], angles.sin()[:, None, :]
+        return self._cos_sin
 
 
 class TorchBackend:
@@ -80,7 +84,14 @@ class TorchBackend:
         scale: float,
         sliding_window: int | None,
     ) -> torch.Tensor:
-        """Store this step's k and v in the cache, then attend (see :func:`paged_attention`)."""
+        """Store this step's k and v in the cache, then attend (see :func:`paged_attention`).
+
+        A decode step whose tensors were built before the forward (a compiled step, see
+        :mod:`minserve.engine.compilation`) attends from them alone (:func:`decode_attention`)."""
+        step = meta.step_tensors
+        if kv_cache is not None and step is not None and step.all_decode:
+            return decode_attention(q, k, v, kv_cache, meta.slot_mapping, meta.block_tables, step.context_lens,
+                                    scale, sliding_window)  # fmt: skip
         return paged_attention(q, k, v, kv_cache, meta, scale, sliding_window)
 
 

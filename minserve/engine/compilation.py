@@ -1,0 +1,137 @@
+"""Decode steps through ``torch.compile``: the model's forward traced once, fused by inductor, then reused.
+
+On a CPU, a decode step of a small model is hundreds of small tensor operations, and each pays Python's
+and torch's dispatch overhead, which costs more than the arithmetic. Inductor fuses the elementwise ones
+(norms, rotary, SwiGLU, the attention mask) into generated C++ loops; the matmuls stay library calls.
+How this module makes that work on a paged KV cache, and why only decode steps are compiled:
+
+* **Decode steps only.** The torch backend's general attention loops over sequences in Python and reads
+  the longest context back to the host, so every new batch composition is a new graph. Compiling the
+  whole forward that way (measured with ``dynamic=True`` on minserve-tiny) recompiled on almost every
+  step and ran hundreds of times slower than eager. A pure decode step attends from tensors alone
+  (:func:`~minserve.model.attention.decode_attention`) and traces into one graph. Prefill, mixed and
+  speculative verification steps run eagerly, as they do beside CUDA graphs.
+* **One graph, no silent fallback.** ``fullgraph=True``: a graph break is an error, not a forward quietly
+  cut into eager pieces.
+* **One compile for every batch size and context length.** The batch size and the blocks per sequence are
+  marked *unbacked*: sizes the graph may not specialize on. Plain ``dynamic=True`` treats a size of 1 as a
+  constant, which would mean four compiles (one sequence or more, one block or more), some of them in the
+  middle of serving.
+* **At start-up.** The compile runs on a dummy decode step when the engine is built, so a machine where
+  inductor cannot compile (no C++ compiler, say) fails there with an error that says so, and no request
+  waits on a compile. The dummy step writes keys and values into block 0, which no request holds yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import torch
+from torch._dynamo.decorators import mark_unbacked
+from torch._dynamo.exc import BackendCompilerFailed
+
+from minserve.model.attention import AttentionMetadata, StepTensors
+from minserve.model.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def expected_compile_s(num_layers: int) -> float:
+    """Seconds one compile is expected to take, to tell a user before it starts (not a limit): a line
+    through two cold compiles on a 2-core CPU, 18 s for minserve-tiny's 4 layers and 51 s for SmolLM2's 30
+    (dynamo traces every layer, and inductor generates code for each)."""
+    return 13 + 1.27 * num_layers
+
+
+class CompiledDecode:
+    """The model's forward over pure decode steps, compiled once, when this is built.
+
+    ``compile_s`` is how long that took, in seconds: tracing, inductor's code generation, the C++
+    compiler, and the dummy step itself.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, block_size: int) -> None:
+        if model.backend.name != "torch":
+            raise ValueError(
+                f"compile_model=True compiles the torch backend's forward; this model runs on the "
+                f"{model.backend.name!r} backend (on a GPU its kernels and CUDA graphs are the levers): "
+                "pass backend='torch', or leave compile_model off"
+            )
+        self.device = next(model.parameters()).device
+        # Only the two sizes marked in `run` are dynamic; every other (hidden size, heads, the cache's
+        # shape) stays a constant, for which inductor generates tighter loops.
+        self.forward = torch.compile(functools.partial(_decode_forward, model), fullgraph=True)
+        # A warning, not an info line: an unconfigured logger shows only warnings, and a start-up that goes
+        # quiet this long without a word is what the line is for.
+        logger.warning(
+            "compiling the model's forward with torch.compile (decode steps; prefill stays eager): "
+            "~%.0f s on a small CPU, once, before the first request",
+            expected_compile_s(model.config.num_layers),
+        )
+        start_s = time.perf_counter()
+        try:
+            self._dummy_step(block_size)
+        except Exception as error:  # dynamo and inductor fail with many types; each means the same here
+            raise ValueError(
+                f"compile_model=True: {_what_failed(error)}; leave compile_model off to run eagerly"
+            ) from error
+        self.compile_s = time.perf_counter() - start_s
+        logger.info("compiled the decode forward in %.1f s", self.compile_s)
+
+    def can_run(self, meta: AttentionMetadata) -> bool:
+        """A pure decode step: one new token for every sequence."""
+        return all(n == 1 for n in meta.query_lens)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The step's final hidden states ``[num_seqs, hidden]``, from the compiled graph."""
+        meta.step_tensors = StepTensors.build(meta.query_lens, meta.context_lens, self.device)
+        _mark_sizes_unbacked(input_ids, positions, meta)
+        return self.forward(input_ids, positions, meta)
+
+    @torch.inference_mode()
+    def _dummy_step(self, block_size: int) -> None:
+        """Two sequences of one and two tokens, both in block 0, through the compiled forward. Any sizes
+        would do (they are unbacked); two of each keeps the dummy step from looking like a special case."""
+        assert block_size >= 2, "the dummy step's two tokens must fit in block 0"
+        ids, positions, slots = (torch.tensor(values, device=self.device) for values in ([0, 0], [0, 1], [0, 1]))
+        tables = torch.zeros(2, 2, dtype=torch.int64, device=self.device)
+        self.run(ids, positions, AttentionMetadata([1, 1], [1, 2], slots, tables))
+
+
+def _decode_forward(
+    model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """The model's forward, after telling the compiler which unbacked sizes are the same size: it knows
+    nothing of them, not even that the batch's ids, positions, slots and context lengths are one per
+    sequence (these checks are what it assumes, and what the compiled code asserts)."""
+    num_seqs = input_ids.shape[0]
+    for tensor in (positions, meta.slot_mapping, meta.block_tables, meta.step_tensors.context_lens):
+        torch._check(tensor.shape[0] == num_seqs)
+    torch._check(num_seqs >= 1)
+    torch._check(meta.block_tables.shape[1] >= 1)
+    return model(input_ids, positions, meta)
+
+
+def _mark_sizes_unbacked(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Tell the compiler that the batch size and the blocks per sequence are any size, 1 included.
+
+    The marks are read only when a graph is traced. Marking every step (microseconds) keeps a later
+    recompile, if anything ever forced one, from specializing on the step it happened to see."""
+    for tensor in (input_ids, positions, meta.slot_mapping, meta.step_tensors.context_lens):
+        mark_unbacked(tensor, 0)
+    mark_unbacked(meta.block_tables, 0)
+    mark_unbacked(meta.block_tables, 1)
+
+
+def _what_failed(error: Exception) -> str:
+    """Which half of ``torch.compile`` failed, in a sentence: inductor building the code, or dynamo
+    tracing the forward."""
+    text = str(error).strip()
+    detail = f"{type(error).__name__}: {text.splitlines()[0] if text else 'no message'}"
+    if isinstance(error, BackendCompilerFailed):
+        return (
+            f"inductor could not build the decode forward on this machine ({detail}); on a CPU it needs a C++ compiler"
+        )
+    return f"torch.compile could not trace the model's decode forward ({detail})"

@@ -1,0 +1,71 @@
+"""Decode steps through torch.compile (``compile_model=True``): the eager engine's greedy tokens exactly, from
+one compile at start-up that serves every batch size and context length, and a clear error where it cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from minserve import LLM, SamplingParams
+from minserve.engine.compilation import CompiledDecode
+from minserve.model.backends import TorchBackend
+
+# Prompts of 3, about 20 and about 40 tokens (one, two and three blocks of 16), and answers of different
+# lengths: the first step prefills all three (eager), then decode steps run 3, 2, then 1 sequence (compiled)
+# while contexts cross block boundaries, so the batch size and the blocks per sequence both change.
+PROMPTS = [
+    "x = 1",
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):",
+    "import os\nimport sys\n\n\nclass Config:\n    def __init__(self, path):\n        self.path = path\n"
+    "        self.items = {}\n\n    def load(self):",
+]
+PARAMS = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 14, 22)]
+
+
+@pytest.mark.slow
+def test_compiled_decode_gives_the_eager_tokens_from_one_compile():
+    eager = LLM(dtype="float32", device="cpu", enable_tracing=False)
+    compiled = LLM(dtype="float32", device="cpu", enable_tracing=False, compile_model=True)
+    graphs_after_start_up = counters["stats"]["unique_graphs"]
+    decode = compiled.engine.runner.compiled
+    compiled_steps = []
+    forward = decode.forward
+    decode.forward = lambda ids, positions, meta: compiled_steps.append(len(ids)) or forward(ids, positions, meta)
+
+    expected = [out.token_ids for out in eager.generate(PROMPTS, PARAMS)]
+    assert [out.token_ids for out in compiled.generate(PROMPTS, PARAMS)] == expected
+    assert sorted(set(compiled_steps)) == [1, 2, 3]  # every decode step ran compiled, at every batch size
+    assert counters["stats"]["unique_graphs"] == graphs_after_start_up  # and none needed a new graph
+    assert decode.compile_s > 0
+
+
+def test_a_failed_compile_is_an_error_that_says_so(monkeypatch):
+    def compiler_that_fails(function, **options):
+        def fail(*args):
+            raise RuntimeError("no working C++ compiler")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", compiler_that_fails)
+    with pytest.raises(ValueError, match="compile_model=True.*no working C.. compiler.*leave compile_model off"):
+        LLM(dtype="float32", device="cpu", compile_model=True)
+
+
+def test_only_the_torch_backend_is_compiled():
+    llm = LLM(dtype="float32", device="cpu")
+
+    class OtherBackend(TorchBackend):
+        name = "triton"
+
+    llm.model.set_backend(OtherBackend())
+    with pytest.raises(ValueError, match="pass backend='torch'"):
+        CompiledDecode(llm.model, block_size=16)
+
+
+def test_compile_is_off_by_default_and_a_serve_flag():
+    from minserve.cli import build_parser
+
+    assert LLM().engine.runner.compiled is None
+    assert build_parser().parse_args(["serve", "--compile"]).compile_model is True
+    assert build_parser().parse_args(["serve"]).compile_model is False
