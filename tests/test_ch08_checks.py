@@ -7,6 +7,7 @@ speedup band, the batch lesson) are tested on numbers made here."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pandas as pd
 import pytest
@@ -127,12 +128,17 @@ def test_the_profile_names_the_phase_that_dominates(plain):
     assert list(speculation.phase_figure(table).data[1].x) == list(table["decode ms"])
 
 
-def test_prefix_reuse_caches_the_shared_prefix_and_keeps_the_tokens(plain):
+def test_prefix_reuse_caches_the_shared_prefix_and_keeps_the_tokens(plain, tmp_path):
     prompts = levers.shared_prefix_prompts(3, 64, 8, plain.model_config.vocab_size)
     lever = levers.prefix_reuse(_engine(enable_prefix_caching=True), _engine(enable_prefix_caching=False), prompts, 4)
     assert lever.same_output and lever.note.startswith("64 of 72")  # 64 = four full 16-token blocks
-    table = speculation.levers_table([lever])
-    assert table.loc["prefix reuse", "source"] == "measured here"
+    nothing_recorded = speculation.levers_table([lever], results_dir=tmp_path)
+    assert list(nothing_recorded["source"]) == ["measured here", "no benchmarks/results/levers-*.json"]
+    recorded = levers.Lever("torch.compile (batch 1)", "decode", "TPOT (ms), batch 1", 2.0, 1.0, True)
+    (tmp_path / "levers-cpu-2026-12-04.json").write_text(json.dumps({"rows": [recorded.row()]}))
+    table = speculation.levers_table([lever], results_dir=tmp_path)
+    assert list(table["source"]) == ["measured here", "recorded: levers-cpu-2026-12-04.json"]
+    assert table.loc["torch.compile (batch 1)", "ratio"] == 2.0
 
 
 def test_acceptance_by_position_counts_only_the_positions_reached():
