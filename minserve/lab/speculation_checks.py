@@ -87,9 +87,8 @@ def check_speedup(point: SpeculationPoint, low: float = 0.5, high: float = 1.2) 
 
 
 def check_batch_lesson(small: SpeculationPoint, large: SpeculationPoint) -> dict[str, float]:
-    """The same proposer and k at a large batch: a verification step costs more plain steps (v grows) and
-    the speedup falls below the small batch's, and below 1: speculation is a lever for small batches."""
-    _require(large.verify_cost > small.verify_cost, f"v did not grow: {small.verify_cost} → {large.verify_cost}")
+    """The same proposer and k at a large batch: the speedup falls below the small batch's, and below 1:
+    speculation is a lever for small batches. (v, the verification step's cost, is returned to read.)"""
     _require(
         large.measured_speedup < min(1.0, small.measured_speedup),
         f"batch {large.batch}: {large.measured_speedup:.2f}×, batch {small.batch}: {small.measured_speedup:.2f}×",
