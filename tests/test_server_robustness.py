@@ -97,6 +97,16 @@ def test_a_failed_requests_nan_keys_and_values_never_reach_the_requests_that_reu
     ]
 
 
+def test_a_failed_requests_cleared_blocks_are_not_found_in_the_prefix_cache(tmp_path):
+    """Its blocks are zeroed when it fails; were they still named, the same prompt again would hit them and
+    read zeros for the poisoned token's keys and values, and finish as if the model were sound."""
+    llm = LLM(str(poisoned_copy(tmp_path / "poisoned", POISON)), num_kv_blocks=8, block_size=16)
+    prompt = [POISON, *range(10, 45)]  # two full blocks: both would be named
+    again = [llm.generate([prompt], SamplingParams(max_tokens=2))[0] for _ in range(2)]
+    assert [o.finish_reason for o in again] == ["error", "error"], [o.error for o in again]
+    assert llm.stats()["prefix_cache_hit_rate"] == 0
+
+
 def test_a_failed_request_is_a_500_without_a_traceback_and_the_others_finish(tmp_path):
     running = RunningServer(model_path=poisoned_copy(tmp_path / "poisoned", POISON), num_kv_blocks=64)
     try:

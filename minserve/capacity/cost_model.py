@@ -295,3 +295,6 @@ class CostModelExecutor:
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None:
         """Nothing to copy: the swapped blocks are counted in the step's features instead."""
+
+    def clear(self, block_ids: list[int]) -> None:
+        """Nothing to clear: a simulation holds no keys or values."""

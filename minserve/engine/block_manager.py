@@ -170,6 +170,15 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    def forget_own_blocks(self, seq: Sequence) -> list[int]:
+        """The blocks only ``seq`` holds, their names forgotten: call before freeing a request whose KV
+        cannot be trusted (it failed, perhaps on NaN). No later request finds them in the prefix cache, and
+        the caller may clear them; blocks shared with another sequence hold the same tokens' KV for it."""
+        own = [block_id for block_id in seq.block_table if self.blocks[block_id].ref_count == 1]
+        for block_id in own:
+            self._forget_name(self.blocks[block_id])
+        return own
+
     # --- swapping to host memory -------------------------------------------------------------------------
 
     def can_swap_out(self, seq: Sequence) -> bool:

@@ -90,12 +90,15 @@ class Executor(Protocol):
     ``execute`` returns, per sequence of the batch in order: the tokens it produced (a list; empty or None
     while its prompt is still being prefilled), or a :class:`SamplingError` that fails that request alone.
     It may raise, which fails every request of the batch. ``swap`` copies KV blocks to and from host memory
-    before the step (``(device, host)`` pairs out, ``(host, device)`` pairs in).
+    before the step (``(device, host)`` pairs out, ``(host, device)`` pairs in). ``clear`` zeroes blocks a
+    failed request leaves behind, so that its keys and values (NaN, perhaps) never reach the next holder.
     """
 
     def execute(self, batch: ScheduledBatch) -> list[StepResult]: ...
 
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None: ...
+
+    def clear(self, block_ids: list[int]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -409,6 +412,9 @@ class EngineCore:
     def _fail(self, seq: Sequence, error: BaseException, now_s: float) -> RequestOutput:
         """End ``seq`` with ``finish_reason="error"``, its blocks freed; the message names the error's kind."""
         seq.error = f"{type(error).__name__}: {error}" if isinstance(error, SamplingError) else type(error).__name__
+        # Its KV may be NaN, and a decode step reads whole blocks (the slots past a context masked, but a
+        # masked NaN still poisons a softmax): the blocks it leaves are cleared, and not found by name.
+        self.executor.clear(self.scheduler.block_manager.forget_own_blocks(seq))
         return self._finish(seq, "error", None, now_s)
 
     def _finish(self, seq: Sequence, reason: str, stop_reason: str | int | None, now_s: float) -> RequestOutput:

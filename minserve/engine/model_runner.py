@@ -102,6 +102,13 @@ class ModelRunner:
             for gpu, cpu in zip(self.kv_caches, self.cpu_kv_caches):
                 gpu[:, device_ids.to(self.device)] = cpu[:, host_ids].to(self.device, non_blocking=True)
 
+    def clear(self, block_ids: list[int]) -> None:
+        """Zero these blocks' keys and values in every layer (a failed request's, which may be NaN)."""
+        if block_ids:
+            ids = torch.tensor(block_ids, device=self.device)
+            for cache in self.kv_caches:
+                cache[:, ids] = 0
+
     def capture_decode_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         """Record decode steps as CUDA graphs (see :mod:`minserve.engine.cuda_graphs`)."""
         self.graphs = DecodeGraphs(self.model, max_num_seqs, max_model_len, self.block_size)
@@ -127,7 +134,9 @@ class ModelRunner:
             positions.extend(range(start, start + n))
             slots.extend(self.slot(seq.block_table, position) for position in range(start, start + n))
         max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
+        # Rows are padded with the sequence's own last block: a decode step reads every block of its row
+        # (masking the slots past the context), and block 0 may be another request's, written this step.
+        tables = [seq.block_table + seq.block_table[-1:] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
         meta = AttentionMetadata(
             query_lens=list(batch.num_new_tokens),
             context_lens=[seq.num_computed_tokens + n for seq, n in zip(batch.seqs, batch.num_new_tokens)],

@@ -218,14 +218,6 @@ def _attend_one_query(
     mask = key_pos < context_lens[:, None]
     if sliding_window is not None:
         mask &= key_pos > context_lens[:, None] - 1 - sliding_window
-    # Slots past a sequence's context hold whatever their block last held: another request's keys and
-    # values, NaN if that request's were. A masked NaN still poisons the row (its score becomes NaN, and
-    # 0 × NaN is NaN), so one bad request would fail every later one that reuses its blocks: zero them.
-    unseen = ~mask[:, :, None, None]
-    if torch.compiler.is_compiling():  # inductor fuses the fill into the attention: no copy to save
-        keys, values = keys.masked_fill(unseen, 0.0), values.masked_fill(unseen, 0.0)
-    else:  # eagerly, in place on the gather's own copy: a second copy costs batched decode its margin
-        keys.masked_fill_(unseen, 0.0), values.masked_fill_(unseen, 0.0)
     out = F.scaled_dot_product_attention(
         query[:, :, None, :],  # [batch, heads, 1, head_dim]
         keys.transpose(1, 2),
