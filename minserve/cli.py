@@ -24,10 +24,15 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_flags(parser, EngineConfig, ENGINE_MODEL)
 
 
+def _model_options(args: argparse.Namespace) -> dict:
+    """The model flags every command takes (model, dtype, quantization, device, backend), as LLM's keywords."""
+    return config_options(args, EngineConfig, ENGINE_MODEL)
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from minserve import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
+    llm = LLM(**_model_options(args))
     params = SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
@@ -56,7 +61,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     print("minserve tour: the embedded model, on this machine\n")
     start_s = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
+    llm = LLM(**_model_options(args))
     load_s = time.perf_counter() - start_s
     params_count = sum(p.numel() for p in llm.model.parameters())
     stats = llm.stats()
@@ -192,7 +197,7 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
     from minserve import LLM
     from minserve.quality import held_out_text, perplexity
 
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, backend=args.backend)
+    llm = LLM(**_model_options(args))
     result = perplexity(llm, held_out_text(), args.window_tokens, args.max_tokens or None, progress=True)
     print(
         f"{args.model}: perplexity {result.perplexity:.2f} ({result.nll_per_token:.4f} nats a token) over "

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from minserve.engine.policies import Policy
     from minserve.engine.preemption import Preemption
     from minserve.engine.speculative.config import SpeculativeConfig
+    from minserve.quant.swap import QuantScheme
 
 
 def option(
@@ -53,6 +54,10 @@ class EngineConfig:
     ``preemption_mode`` is ``"recompute"`` or ``"swap"`` (KV copied to ``swap_space_bytes`` of host memory,
     by default as many blocks as the device cache has).
 
+    ``quantization`` stores the decoder layers' weights as ``"int8"`` (per channel), ``"int4"`` (per group
+    of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8 (fp8);
+    quantized as the model loads (:mod:`minserve.quant`). ``"none"`` keeps ``dtype`` throughout.
+
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
 
@@ -74,6 +79,9 @@ class EngineConfig:
 
     model: str = option("minserve-tiny", "a name (see `minserve models`), checkpoint dir, .gguf file or hub id")
     dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
+    quantization: str = option("none", "weight format of the decoder layers and head",
+                               choices=("none", "int8", "int4", "fp8"))  # fmt: skip
+    quant_group_size: int = option(64, "int4: inputs sharing a scale and zero point (32, 64, 128 or 256)")
     device: str = option("auto", "cpu, cuda, cuda:1 …; auto is cuda when available")
     max_model_len: int | None = option(None, "context limit in tokens, below the model's own")
     block_size: int = option(16, "tokens per KV block")
@@ -108,6 +116,14 @@ class EngineConfig:
         _positive(self, "num_threads", self.num_threads, optional=True)
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
+        _ = self.quant_scheme  # likewise an impossible quantization
+
+    @property
+    def quant_scheme(self) -> QuantScheme | None:
+        """``quantization`` as a checked :class:`~minserve.quant.QuantScheme` (``None``: full precision)."""
+        from minserve.quant.swap import QuantScheme
+
+        return None if self.quantization == "none" else QuantScheme.named(self.quantization, self.quant_group_size)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -29,6 +29,7 @@ from minserve.engine.speculative.proposer import Proposer, make_proposer
 from minserve.model.backends import resolve_backend
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
+from minserve.quant.swap import quantize_model
 from minserve.trace import Tracer
 
 Prompt = str | list[int]
@@ -46,6 +47,8 @@ class LLMEngine:
         self.tokenizer = Tokenizer(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
         self.model = load_model(self.model_dir, self.dtype, self.device)
+        if config.quant_scheme is not None:
+            quantize_model(self.model, config.quant_scheme)
         self.model.set_backend(resolve_backend(config.backend, self.device))
         self.model_config = self.model.config
         model_limit = self.model_config.max_position_embeddings

@@ -1,0 +1,134 @@
+"""Quantize a loaded model by swapping its linear layers for quantized ones, one layer at a time.
+
+Which layers change: every projection of every decoder layer (``qkv_proj``, ``o_proj``, ``gate_up_proj``,
+``down_proj``) takes the scheme's format, and the output head ``lm_head`` takes int8 (fp8 under the fp8
+scheme): the head is the largest single matrix of a small model (a fifth of SmolLM2-135M's weights) and is
+read whole every decode step, and like llama.cpp's quantized files it keeps more bits than the layers.
+The token embedding and the norms stay in full precision: a decode step reads one embedding row per token,
+so narrowing it would save memory but hardly any bytes moved. (With tied embeddings the head's int8 copy
+is extra memory beside the float embedding; :func:`weight_bytes` counts both.)
+
+int4 groups 64 inputs by default: torch's CPU kernel takes groups of 32, 64, 128 or 256, and SmolLM2's
+576-wide hidden size is a multiple of 64 but not of 128. A layer that no group size tiles keeps int8.
+
+Each layer is quantized and its float weight dropped before the next is touched, so the model is never
+held twice in full precision: the peak is the float model plus one layer's codes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from minserve.quant.formats import FP8_DTYPE, GROUP_SIZES, WEIGHT_FORMATS, QuantizationError, check_group_size
+from minserve.quant.linear import QUANTIZED_LINEARS, QuantizedLinear
+
+LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+logger = logging.getLogger(__name__)
+INT4_OUTPUT_TILE = 16  # the CPU int4 packing takes output features in multiples of this
+HEAD_FORMAT = {"int8": "int8", "int4": "int8", "fp8": "fp8"}
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """A weight format for the decoder layers, the int4 group size, and the head's format (None: kept)."""
+
+    format: str
+    group_size: int = 64
+    head_format: str | None = None
+
+    @classmethod
+    def named(cls, name: str, group_size: int = 64) -> QuantScheme:
+        """``"int8"``, ``"int4"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`'s format."""
+        if name not in WEIGHT_FORMATS:
+            raise QuantizationError(f"unknown quantization {name!r}; use one of none, {', '.join(WEIGHT_FORMATS)}")
+        if name == "int4" and group_size not in GROUP_SIZES:
+            raise QuantizationError(
+                f"int4 group size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}; choose one of them"
+            )
+        if name == "fp8" and FP8_DTYPE is None:
+            raise QuantizationError(f"fp8 needs torch.float8_e4m3fn, which torch {torch.__version__} lacks: use int8")
+        return cls(name, group_size, HEAD_FORMAT[name])
+
+    @property
+    def label(self) -> str:
+        return f"int4-g{self.group_size}" if self.format == "int4" else self.format
+
+
+def quantize_model(model: nn.Module, scheme: QuantScheme, progress: bool = False) -> nn.Module:
+    """Swap ``model``'s projections (and head) for :mod:`minserve.quant.linear` modules, in place.
+
+    Every group size is checked against every layer before any layer changes, so an impossible scheme fails
+    with the model untouched, naming the layer and the sizes that would fit.
+    """
+    targets = _targets(model, scheme)
+    for name, linear, format in tqdm(targets, desc=f"quantizing to {scheme.label}", disable=not progress):
+        quantized = QUANTIZED_LINEARS[format].from_linear(linear, scheme.group_size)
+        _replace(model, name, quantized)
+    return model
+
+
+def _targets(model: nn.Module, scheme: QuantScheme) -> list[tuple[str, nn.Linear, str]]:
+    """(name, layer, format) for every layer the scheme changes."""
+    targets = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if not isinstance(module, nn.Linear):
+            continue
+        format = scheme.format if leaf in LAYER_PROJECTIONS else scheme.head_format if leaf == "lm_head" else None
+        if format == "int4":
+            format = _int4_or_fallback(name, module, scheme.group_size)
+        if format is not None:
+            targets.append((name, module, format))
+    return targets
+
+
+def _int4_or_fallback(name: str, linear: nn.Linear, group_size: int) -> str:
+    """int4 where ``group_size`` tiles the layer's inputs. Where no group size the kernels take could (the
+    tiny model's 688-wide ``down_proj``), or the outputs are not a multiple of 16 (the CPU packing's tile),
+    the layer keeps int8, as llama.cpp keeps a higher type for rows its blocks do not tile; where another
+    group size would do, the scheme is refused, naming it."""
+    in_features = linear.in_features
+    if in_features % group_size == 0 and linear.out_features % INT4_OUTPUT_TILE == 0:
+        return "int4"
+    if linear.out_features % INT4_OUTPUT_TILE or not any(in_features % g == 0 for g in GROUP_SIZES):
+        logger.info("%s: int4 cannot tile its %s weight; it is stored in int8", name, tuple(linear.weight.shape))
+        return "int8"
+    try:
+        check_group_size(in_features, group_size)
+    except QuantizationError as error:
+        raise QuantizationError(f"{name}: {error}") from None
+    raise AssertionError("unreachable: check_group_size raised")
+
+
+def layer_formats(model: nn.Module) -> dict[str, str]:
+    """Each linear layer's storage, by name: a quantized format, or the float dtype it kept."""
+    formats = {}
+    for name, module in model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            formats[name] = module.format
+        elif isinstance(module, nn.Linear):
+            formats[name] = str(module.weight.dtype).removeprefix("torch.")
+    return formats
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, leaf, module)  # the old Linear (and its float weight, unless tied) is released
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights occupy: parameters at their dtype, quantized layers as stored (codes at
+    their bit width, scales and zeros); a tensor shared by two modules (tied embeddings) counted once."""
+    seen: set[int] = set()
+    total = 0
+    for parameter in model.parameters():
+        if id(parameter) not in seen:
+            seen.add(id(parameter))
+            total += parameter.numel() * parameter.element_size()
+    return total + sum(m.weight_nbytes for m in model.modules() if isinstance(m, QuantizedLinear))
