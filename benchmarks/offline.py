@@ -44,10 +44,10 @@ def workload(num_requests: int, seed: int, max_prompt: int, max_output: int) -> 
     ]
 
 
-def run_minserve(model: str, requests, serial: bool, dtype: str = "auto") -> dict:
+def run_minserve(model: str, requests, serial: bool, **llm_options) -> dict:
     from minserve import LLM, SamplingParams
 
-    llm = LLM(model, max_num_seqs=1 if serial else 64, enable_tracing=False, dtype=dtype)
+    llm = LLM(model, max_num_seqs=1 if serial else 64, enable_tracing=False, **llm_options)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     llm.generate([requests[0][0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     forward_s = _time_calls(llm.engine.model, "forward")  # the model's forward pass alone

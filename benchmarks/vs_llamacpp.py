@@ -56,6 +56,16 @@ def gguf_path() -> Path:
     return resolve_model_path(MODEL)
 
 
+def minserve_options(side: str) -> dict:
+    """A minserve side's LLM keywords: ``minserve-fp32`` and ``minserve-bf16`` are dtypes; ``minserve-int8``,
+    ``minserve-int4-g32`` (a group size after ``-g``) and ``minserve-fp8`` are weight formats on float32."""
+    storage = side.removeprefix("minserve-")
+    if storage in ("fp32", "bf16"):
+        return {"dtype": "float32" if storage == "fp32" else "bfloat16"}
+    quantization, _, group = storage.partition("-g")
+    return {"dtype": "float32", "quantization": quantization} | ({"quant_group_size": int(group)} if group else {})
+
+
 def chat_prompt_ids() -> list[int]:
     """The question inside the model's chat template, as token ids every engine is given unchanged."""
     from minserve.model.tokenizer import Tokenizer
@@ -72,7 +82,7 @@ def stream_times(side: str, prompt: list[int], max_tokens: int) -> Callable[[], 
     if side.startswith("minserve"):
         from minserve import LLM, SamplingParams
 
-        llm = LLM(MODEL, dtype="bfloat16" if side.endswith("bf16") else "float32", enable_tracing=False)
+        llm = LLM(MODEL, enable_tracing=False, **minserve_options(side))
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
         def run() -> list[float]:
@@ -157,7 +167,7 @@ def run_profile(side: str, max_tokens: int) -> dict:
 
     from minserve import LLM, SamplingParams
 
-    llm = LLM(MODEL, dtype="bfloat16" if side.endswith("bf16") else "float32", enable_tracing=False)
+    llm = LLM(MODEL, enable_tracing=False, **minserve_options(side))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompt = chat_prompt_ids()
     llm.generate([prompt], params)  # warm-up
@@ -176,7 +186,7 @@ def run_profile(side: str, max_tokens: int) -> dict:
 def run_offline(side: str, args) -> dict:
     requests = workload(args.requests, args.seed, args.max_prompt, args.max_output)
     if side.startswith("minserve"):
-        result = run_minserve(MODEL, requests, serial=False, dtype="bfloat16" if side.endswith("bf16") else "float32")
+        result = run_minserve(MODEL, requests, serial=False, **minserve_options(side))
     elif side.startswith("transformers"):
         result = run_transformers(MODEL, requests, args.hf_batch)
     else:

@@ -55,7 +55,7 @@ class EngineConfig:
     by default as many blocks as the device cache has).
 
     ``quantization`` stores the decoder layers' weights as ``"int8"`` (per channel), ``"int4"`` (per group
-    of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8 (fp8);
+    of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8;
     quantized as the model loads (:mod:`minserve.quant`). ``"none"`` keeps ``dtype`` throughout.
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's

@@ -1,9 +1,10 @@
 """Quantize a loaded model by swapping its linear layers for quantized ones, one layer at a time.
 
 Which layers change: every projection of every decoder layer (``qkv_proj``, ``o_proj``, ``gate_up_proj``,
-``down_proj``) takes the scheme's format, and the output head ``lm_head`` takes int8 (fp8 under the fp8
-scheme): the head is the largest single matrix of a small model (a fifth of SmolLM2-135M's weights) and is
-read whole every decode step, and like llama.cpp's quantized files it keeps more bits than the layers.
+``down_proj``) takes the scheme's format, and the output head ``lm_head`` takes int8 under every scheme. The
+head is the largest single matrix of a small model (a fifth of SmolLM2-135M's weights) and is read whole
+every decode step, so it wants a format with a fast kernel wherever the engine runs (int8's, on the CPU:
+fp8 has none there), and like llama.cpp's quantized files it keeps more bits than the layers under int4.
 The token embedding and the norms stay in full precision: a decode step reads one embedding row per token,
 so narrowing it would save memory but hardly any bytes moved. (With tied embeddings the head's int8 copy
 is extra memory beside the float embedding; :func:`weight_bytes` counts both.)
@@ -30,7 +31,7 @@ from minserve.quant.linear import QUANTIZED_LINEARS, QuantizedLinear
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 logger = logging.getLogger(__name__)
 INT4_OUTPUT_TILE = 16  # the CPU int4 packing takes output features in multiples of this
-HEAD_FORMAT = {"int8": "int8", "int4": "int8", "fp8": "fp8"}
+HEAD_FORMAT = "int8"
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class QuantScheme:
 
     @classmethod
     def named(cls, name: str, group_size: int = 64) -> QuantScheme:
-        """``"int8"``, ``"int4"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`'s format."""
+        """``"int8"``, ``"int4"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`."""
         if name not in WEIGHT_FORMATS:
             raise QuantizationError(f"unknown quantization {name!r}; use one of none, {', '.join(WEIGHT_FORMATS)}")
         if name == "int4" and group_size not in GROUP_SIZES:
@@ -52,7 +53,13 @@ class QuantScheme:
             )
         if name == "fp8" and FP8_DTYPE is None:
             raise QuantizationError(f"fp8 needs torch.float8_e4m3fn, which torch {torch.__version__} lacks: use int8")
-        return cls(name, group_size, HEAD_FORMAT[name])
+        return cls(name, group_size, HEAD_FORMAT)
+
+    @classmethod
+    def from_label(cls, label: str) -> QuantScheme:
+        """The inverse of :attr:`label`: ``"int8"``, ``"fp8"``, ``"int4-g32"`` (``"int4"``: the default group)."""
+        name, _, group = label.partition("-g")
+        return cls.named(name, int(group)) if group else cls.named(name)
 
     @property
     def label(self) -> str:
@@ -132,3 +139,17 @@ def weight_bytes(model: nn.Module) -> int:
             seen.add(id(parameter))
             total += parameter.numel() * parameter.element_size()
     return total + sum(m.weight_nbytes for m in model.modules() if isinstance(m, QuantizedLinear))
+
+
+def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes, weights) of every linear layer, the head included: what one decode step reads of the model
+    (the embedding gives one row a token, so it is left out). Their ratio × 8 is the bits per weight."""
+    total_bytes = total_weights = 0
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            total_bytes += module.weight_nbytes
+            total_weights += module.in_features * module.out_features
+        elif isinstance(module, nn.Linear):
+            total_bytes += module.weight.numel() * module.weight.element_size()
+            total_weights += module.weight.numel()
+    return total_bytes, total_weights

@@ -1,0 +1,98 @@
+"""Each weight format against the full-precision model: bytes, and what they cost in quality.
+
+One function, :func:`compare_formats`, that chapter 07 and ``benchmarks/quantization.py`` both call: it loads
+the model once in float32 as the reference and once per format, and measures every format on the same
+tokens (:mod:`.agreement`) and the same greedy prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from minserve.engine.llm import LLM
+from minserve.engine.sampling_params import SamplingParams
+from minserve.quality.agreement import Agreement, greedy_divergence, next_token_agreement
+from minserve.quality.held_out import held_out_text
+from minserve.quant.swap import QuantScheme, linear_weight_bytes, weight_bytes
+
+# Four short, different beginnings: code, prose, a list, a question.
+PROMPTS = (
+    "def fibonacci(n):",
+    "The history of the printing press begins",
+    "Three things to pack for a hike:",
+    "Why do leaves change colour in autumn?",
+)
+EVAL_KV_BYTES = 64 * 2**20  # the comparison generates little: a small cache keeps four models in memory
+
+
+@dataclass(frozen=True)
+class FormatReport:
+    """One format of one model, measured against the same model in float32."""
+
+    label: str  # "float32", "int8", "int4-g64", "fp8"
+    weight_bytes: int  # all of the model's weights as stored
+    step_weight_bytes: int  # the linear layers' (head included): what one decode step reads
+    bits_per_weight: float  # over the linear layers
+    agreement: Agreement  # next-token distributions against float32's, on the held-out text
+    greedy_same_tokens: tuple[int, ...]  # per prompt: tokens until greedy decoding first differs
+
+    def row(self) -> dict[str, float | str | int]:
+        a = self.agreement
+        return {
+            "format": self.label,
+            "bits/weight": self.bits_per_weight,
+            "weights (MB)": self.weight_bytes / 1e6,
+            "read per step (MB)": self.step_weight_bytes / 1e6,
+            "perplexity": a.perplexity,
+            "KL (nats/token)": a.kl_per_token,
+            "top-1 agreement": a.top1_agreement,
+            "greedy tokens same (min)": min(self.greedy_same_tokens),
+        }
+
+
+def compare_formats(
+    model: str,
+    formats: Sequence[str] = ("int8", "int4-g64", "fp8"),
+    text: str | None = None,
+    max_tokens: int = 2048,
+    window_tokens: int = 512,
+    prompts: Sequence[str] = PROMPTS,
+    new_tokens: int = 48,
+    progress: bool = False,
+) -> list[FormatReport]:
+    """float32 first, then each format (a :meth:`QuantScheme.from_label` label: ``"int4-g32"``), on
+    ``max_tokens`` tokens of ``text`` (the held-out text by default) in windows of ``window_tokens``, and
+    ``new_tokens`` greedy tokens from each prompt."""
+    reference = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
+    stream = torch.tensor(reference.tokenizer.encode(text or held_out_text())[:max_tokens])
+    greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    reference_tokens = [o.token_ids for o in reference.generate(list(prompts), greedy)]
+
+    def report(label: str, llm: LLM) -> FormatReport:
+        agreement = next_token_agreement(
+            reference.model.logits_without_cache, llm.model.logits_without_cache, stream, window_tokens, progress
+        )
+        same = greedy_divergence(reference_tokens, [o.token_ids for o in llm.generate(list(prompts), greedy)])
+        step_bytes, weights = linear_weight_bytes(llm.model)
+        return FormatReport(
+            label, weight_bytes(llm.model), step_bytes, 8 * step_bytes / weights, agreement, tuple(same)
+        )
+
+    reports = [report("float32", reference)]
+    for label in formats:
+        scheme = QuantScheme.from_label(label)
+        llm = LLM(
+            model, quantization=scheme.format, quant_group_size=scheme.group_size, kv_cache_memory_bytes=EVAL_KV_BYTES
+        )
+        reports.append(report(scheme.label, llm))
+        del llm  # one quantized model at a time beside the reference
+    return reports
+
+
+def format_table(reports: Sequence[FormatReport]) -> pd.DataFrame:
+    """One row per format, float32 first."""
+    return pd.DataFrame([r.row() for r in reports]).set_index("format")
