@@ -56,7 +56,9 @@ class EngineConfig:
 
     ``quantization`` stores the decoder layers' weights as ``"int8"`` (per channel), ``"int4"`` (per group
     of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8;
-    quantized as the model loads (:mod:`minserve.quant`). ``"none"`` keeps ``dtype`` throughout.
+    quantized as the model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
+    groups of 32 already: under ``"int4"`` they are kept as stored, unless another group size is asked for.
+    ``"none"`` keeps ``dtype`` throughout.
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
@@ -81,7 +83,9 @@ class EngineConfig:
     dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
     quantization: str = option("none", "weight format of the decoder layers and head",
                                choices=("none", "int8", "int4", "fp8"))  # fmt: skip
-    quant_group_size: int = option(64, "int4: inputs sharing a scale and zero point (32, 64, 128 or 256)")
+    quant_group_size: int | None = option(
+        None, "int4: inputs sharing a scale and zero point (32, 64, 128, 256; default 32 on GGUF Q4 blocks, else 64)"
+    )
     device: str = option("auto", "cpu, cuda, cuda:1 …; auto is cuda when available")
     max_model_len: int | None = option(None, "context limit in tokens, below the model's own")
     block_size: int = option(16, "tokens per KV block")

