@@ -38,7 +38,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_llamacpp import MODEL, minserve_options
 
-FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8")
+FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "int4+kv-int8")
+QUALITY_FORMATS = ("int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "kv-fp8", "int4+kv-int8")
+KV_BUDGET_BYTES = 256 * 2**20  # the CPU's default KV memory: how many tokens each KV format holds in it
 SHAPES = {  # SmolLM2-135M's linear layers, (out, in), and how many a forward pass has
     "qkv_proj": ((960, 576), 30),
     "o_proj": ((576, 576), 30),
@@ -123,8 +125,11 @@ def run_batch_side(side: str) -> dict:
     outputs = llm.generate(prompts, params)
     wall_s = time.perf_counter() - start
     step_bytes, weights = linear_weight_bytes(llm.model)
+    kv_per_token = llm.engine.kv_bytes_per_block() // llm.engine.config.block_size
     return {
         "batch_tokens_per_s": sum(len(o.token_ids) for o in outputs) / wall_s,
+        "kv_bytes_per_token": kv_per_token,
+        "kv_tokens_in_budget": KV_BUDGET_BYTES // kv_per_token,
         "step_weight_bytes": step_bytes,
         "bits_per_weight": 8 * step_bytes / weights,
         "weight_bytes": weight_bytes(llm.model),
@@ -152,7 +157,7 @@ def run_decode(args) -> dict:
     bandwidth = measure_this_machine(repeats=3).memory_bandwidth_bytes_per_s
     single = ["--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)]
     results = {}
-    for storage in FORMATS:
+    for storage in args.formats.split(","):
         side = f"minserve-{storage}"
         print(f"  {side} …", file=sys.stderr, flush=True)
         results[side] = in_subprocess(HERE / "vs_llamacpp.py", "single", side, single)
@@ -169,7 +174,8 @@ def print_decode(decode: dict) -> None:
     base = sides["minserve-fp32"]["decode_tokens_per_s"]
     llama = sides.get("llama.cpp-q4_1", {}).get("decode_tokens_per_s")
     print(f"\n2. decode on SmolLM2-135M-Instruct; copy bandwidth {decode['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
-    header = ("side", "bits/w", "read/step MB", "1 stream tok/s", "vs fp32", "vs llama.cpp", "roofline", "32 streams")
+    header = ("side", "bits/w", "read/step MB", "1 stream tok/s", "vs fp32", "vs llama.cpp", "roofline", "32 streams",
+              "KV tok/256MiB")  # fmt: skip
     print(f"{header[0]:<20}" + "".join(f"{h:>15}" for h in header[1:]))
     for side, r in sides.items():
         rate = r["decode_tokens_per_s"]
@@ -181,6 +187,7 @@ def print_decode(decode: dict) -> None:
             f"{rate / llama:.2f}×" if llama else "",
             f"{r['roofline_tokens_per_s']:,.0f}" if "roofline_tokens_per_s" in r else "",
             f"{r['batch_tokens_per_s']:,.0f}" if "batch_tokens_per_s" in r else "",
+            f"{r['kv_tokens_in_budget']:,}" if "kv_tokens_in_budget" in r else "",
         ]
         print(f"{side:<20}" + "".join(f"{c:>15}" for c in cells))
 
@@ -193,7 +200,7 @@ def run_quality(args) -> dict:
 
     tables = {}
     for model in ("minserve-tiny", MODEL):
-        reports = compare_formats(model, ("int8", "int4-g32", "int4-g64", "fp8"), max_tokens=args.quality_tokens)
+        reports = compare_formats(model, args.quality_formats.split(","), max_tokens=args.quality_tokens)
         tables[model] = format_table(reports)
     return {model: table.reset_index().to_dict(orient="records") for model, table in tables.items()}
 
@@ -213,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="decode: output tokens of the chat request")
     parser.add_argument("--repeats", type=int, default=3, help="decode: timed runs per side (median reported)")
     parser.add_argument("--quality-tokens", type=int, default=2048, help="quality: held-out tokens scored")
+    parser.add_argument("--formats", default=",".join(FORMATS), help="decode: the minserve sides' formats")
+    parser.add_argument("--quality-formats", default=",".join(QUALITY_FORMATS), help="quality: the formats")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: one side in its own process
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")

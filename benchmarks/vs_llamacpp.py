@@ -57,13 +57,15 @@ def gguf_path() -> Path:
 
 
 def minserve_options(side: str) -> dict:
-    """A minserve side's LLM keywords: ``minserve-fp32`` and ``minserve-bf16`` are dtypes; ``minserve-int8``,
-    ``minserve-int4-g32`` (a group size after ``-g``) and ``minserve-fp8`` are weight formats on float32."""
+    """A minserve side's LLM keywords: ``minserve-fp32`` and ``minserve-bf16`` are dtypes; the rest are
+    formats on float32, as chapter 07 names them (``minserve-int8``, ``minserve-int4-g32``,
+    ``minserve-kv-int8``, ``minserve-int4+kv-fp8``: see ``minserve.quality.quantized.format_options``)."""
+    from minserve.quality.quantized import format_options
+
     storage = side.removeprefix("minserve-")
     if storage in ("fp32", "bf16"):
         return {"dtype": "float32" if storage == "fp32" else "bfloat16"}
-    quantization, _, group = storage.partition("-g")
-    return {"dtype": "float32", "quantization": quantization} | ({"quant_group_size": int(group)} if group else {})
+    return {"dtype": "float32"} | format_options(storage)
 
 
 def chat_prompt_ids() -> list[int]:

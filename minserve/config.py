@@ -58,7 +58,9 @@ class EngineConfig:
     of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8;
     quantized as the model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
     groups of 32 already: under ``"int4"`` they are kept as stored, unless another group size is asked for.
-    ``"none"`` keeps ``dtype`` throughout.
+    ``"none"`` keeps ``dtype`` throughout. ``kv_cache_dtype`` ``"int8"`` or ``"fp8"`` stores keys and values
+    in one byte, with per-head scales measured at start (:mod:`minserve.model.kv_quant`): the same KV memory
+    holds twice the tokens of a 16-bit cache, four times a 32-bit one.
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
@@ -86,6 +88,8 @@ class EngineConfig:
     quant_group_size: int | None = option(
         None, "int4: inputs sharing a scale and zero point (32, 64, 128, 256; default 32 on GGUF Q4 blocks, else 64)"
     )
+    kv_cache_dtype: str = option("auto", "KV cache elements: auto is dtype's; int8 or fp8 hold 2× (4×) the tokens",
+                                 choices=("auto", "int8", "fp8"))  # fmt: skip
     device: str = option("auto", "cpu, cuda, cuda:1 …; auto is cuda when available")
     max_model_len: int | None = option(None, "context limit in tokens, below the model's own")
     block_size: int = option(16, "tokens per KV block")
@@ -121,6 +125,10 @@ class EngineConfig:
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
         _ = self.quant_scheme  # likewise an impossible quantization
+        from minserve.model.kv_quant import KV_CACHE_DTYPES
+
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
 
     @property
     def quant_scheme(self) -> QuantScheme | None:

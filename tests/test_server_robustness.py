@@ -39,7 +39,8 @@ def _post(server, route: str, body, timeout: float = 60) -> httpx.Response:
 
 def _still_serves(server) -> None:
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
-    response = _post(server, "/v1/completions", {"model": MODEL, "prompt": "x = ", "max_tokens": 2})
+    # Greedy: on the poisoned model a sampled token could be the poisoned one, and fail this request too.
+    response = _post(server, "/v1/completions", {"model": MODEL, "prompt": "x = ", "max_tokens": 2, "temperature": 0})
     assert response.status_code == 200, response.text
 
 
@@ -111,7 +112,8 @@ def test_a_failed_request_is_a_500_without_a_traceback_and_the_others_finish(tmp
     running = RunningServer(model_path=poisoned_copy(tmp_path / "poisoned", POISON), num_kv_blocks=64)
     try:
         bad = {"model": MODEL, "prompt": [POISON, 6], "max_tokens": 4}
-        good = {"model": MODEL, "prompt": [8, 9], "max_tokens": 4, "ignore_eos": True}
+        # Greedy, so the good request never samples the poisoned token itself (it did, once in a while).
+        good = {"model": MODEL, "prompt": [8, 9], "max_tokens": 4, "ignore_eos": True, "temperature": 0}
         responses = asyncio.run(_concurrently(running.url, [bad, good, bad | {"stream": True}]))
         failed, succeeded, streamed = responses
         assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_error"

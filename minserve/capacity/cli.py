@@ -54,6 +54,9 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
         choices=["auto", *DTYPE_BYTES],
         help="weights and KV dtype (auto: the GPU's, bfloat16; float32 on 'this')",
     )
+    rl.add_argument(
+        "--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="the KV cache's dtype, when not --dtype's"
+    )
     rl.set_defaults(run=_cmd_plan_roofline)
     _add_calibrate(kinds)
     _add_simulate(kinds)
@@ -218,7 +221,7 @@ def _cmd_plan_roofline(args: argparse.Namespace) -> int:
     config = resolve_model(args.model)
     hw = roofline.hardware(args.gpu)
     dtype = hw.dtype if args.dtype == "auto" else args.dtype
-    print(format_roofline_plan(args.model, config, hw, dtype, args.prompt, batches, args.context))
+    print(format_roofline_plan(args.model, config, hw, dtype, args.prompt, batches, args.context, args.kv_dtype))
     return 0
 
 
@@ -249,14 +252,23 @@ def resolve_model(name: str) -> ModelConfig:
 
 
 def format_roofline_plan(
-    name: str, config: ModelConfig, hw: roofline.Hardware, dtype: str, prompt: int, batches: list[int], context: int
+    name: str,
+    config: ModelConfig,
+    hw: roofline.Hardware,
+    dtype: str,
+    prompt: int,
+    batches: list[int],
+    context: int,
+    kv_dtype: str | None = None,
 ) -> str:
     """The printed plan: a header with the model, the GPU's roofs and the critical batch size, then one row
-    per phase (prefill of ``prompt`` tokens; a decode step at each batch size with ``context`` tokens each)."""
+    per phase (prefill of ``prompt`` tokens; a decode step at each batch size with ``context`` tokens each).
+    The KV cache is in ``kv_dtype`` (default: ``dtype``)."""
     params = estimate_params(config)
+    kv_dtype = kv_dtype or dtype
     lines = [
         f"{name}: {_si(params)} parameters, {_si(params * dtype_bytes(dtype))}B of {dtype} weights, "
-        f"KV {kv_bytes_per_token(config, dtype):,} bytes/token",
+        f"KV {kv_bytes_per_token(config, kv_dtype):,} bytes/token ({kv_dtype})",
         f"{hw.name}: {_si(hw.peak_flops_per_s)}FLOP/s dense {hw.dtype}, {_si(hw.memory_bandwidth_bytes_per_s)}B/s, "
         f"{_si(hw.memory_bytes)}B ({hw.source})",
         f"ridge point {hw.ridge_point_flops_per_byte:,.0f} FLOP/byte; critical batch size ≈ "
@@ -265,10 +277,12 @@ def format_roofline_plan(
         f"{'phase':<8}{'tokens':>8}{'batch':>7}{'context':>9}{'FLOPs':>10}{'bytes':>10}{'FLOP/B':>9}"
         f"{'compute':>10}{'memory':>10}{'predicted':>11}  {'bound':<8}{'tokens/s':>12}  fits",
     ]
-    rows = [("prefill", prompt, 1, prompt, roofline.predict_prefill(config, prompt, hw, dtype))]
-    rows += [("decode", 1, b, context, roofline.predict_decode(config, b, context, hw, dtype)) for b in batches]
+    rows = [("prefill", prompt, 1, prompt, roofline.predict_prefill(config, prompt, hw, dtype, kv_dtype=kv_dtype))]
+    rows += [
+        ("decode", 1, b, context, roofline.predict_decode(config, b, context, hw, dtype, kv_dtype)) for b in batches
+    ]
     for phase, tokens, batch, ctx, p in rows:
-        fits = fit(config, hw.memory_bytes, ctx, batch, dtype).fits if hw.memory_bytes else None
+        fits = fit(config, hw.memory_bytes, ctx, batch, dtype, kv_dtype).fits if hw.memory_bytes else None
         lines.append(
             f"{phase:<8}{tokens:>8}{batch:>7}{ctx:>9}{_si(p.flops):>10}{_si(p.bytes):>10}"
             f"{p.intensity_flops_per_byte:>9.1f}{_time(p.compute_s):>10}{_time(p.memory_s):>10}"

@@ -27,6 +27,7 @@ from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
 from minserve.model.backends import resolve_backend
+from minserve.model.kv_quant import CALIBRATION_TOKENS, calibrate_kv_scales, calibration_text, resolve_kv_cache_dtype
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.quant.swap import quantize_model
@@ -51,11 +52,15 @@ class LLMEngine:
             quantize_model(self.model, config.quant_scheme, checkpoint=self.model_dir)
         self.model.set_backend(resolve_backend(config.backend, self.device))
         self.model_config = self.model.config
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        self.kv_scales = self._calibrated_kv_scales()
         model_limit = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.scheduler_config = self._scheduler_config()
         num_blocks, num_cpu_blocks = self.scheduler_config.num_kv_blocks, self.scheduler_config.host_blocks
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, num_cpu_blocks)
+        self.runner = ModelRunner(
+            self.model, num_blocks, config.block_size, num_cpu_blocks, self.kv_cache_dtype, self.kv_scales
+        )
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
@@ -170,9 +175,21 @@ class LLMEngine:
         return SchedulerConfig.of(c, num_kv_blocks=num_blocks, max_model_len=self.max_model_len,
                                   num_cpu_blocks=host_blocks)  # fmt: skip
 
+    def _calibrated_kv_scales(self) -> list[torch.Tensor] | None:
+        """An 8-bit cache's per-head scales, measured on a calibration text; None for a 16/32-bit cache."""
+        if self.kv_cache_dtype == self.dtype:
+            return None
+        if self.model.backend.name != "torch":
+            raise ValueError(
+                f"kv_cache_dtype={self.config.kv_cache_dtype!r} runs on the torch backend: the Triton kernels "
+                "read a 16- or 32-bit cache. Use backend='torch' or kv_cache_dtype='auto'"
+            )
+        token_ids = self.tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
+        return calibrate_kv_scales(self.model, torch.tensor(token_ids, device=self.device), self.kv_cache_dtype)
+
     def kv_bytes_per_block(self) -> int:
         c = self.model_config
-        element_bytes = torch.tensor([], dtype=self.dtype).element_size()
+        element_bytes = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
         return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.config.block_size * element_bytes
 
     def _num_kv_blocks(self) -> int:

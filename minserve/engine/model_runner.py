@@ -24,7 +24,17 @@ if TYPE_CHECKING:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_cpu_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        num_blocks: int,
+        block_size: int,
+        num_cpu_blocks: int = 0,
+        kv_cache_dtype: torch.dtype | None = None,
+        kv_scales: list[torch.Tensor] | None = None,
+    ) -> None:
+        """``kv_cache_dtype`` is the model's own by default; an 8-bit one (int8, float8_e4m3fn) needs each
+        layer's ``[2, num_kv_heads]`` ``kv_scales`` (see :mod:`minserve.model.kv_quant`)."""
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.compiled: CompiledDecode | None = None  # set by compile_decode
@@ -32,17 +42,20 @@ class ModelRunner:
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
+        self.kv_cache_dtype = kv_cache_dtype or self.dtype
         self.kv_caches = allocate_kv_cache(
-            config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, self.device
-        )
-        model.set_kv_caches(self.kv_caches)
+            config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            self.device,
+        )  # fmt: skip
+        model.set_kv_caches(self.kv_caches, kv_scales)
         # The tracer's split of a step into the forward pass and sampling: when set, ``execute`` notes the
         # time sampling began (on a GPU after a synchronize, so the forward's queued kernels count as its own).
         self.time_sampling = False
         self.sampling_started_s: float | None = None
         # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
         self.cpu_kv_caches = allocate_kv_cache(
-            config.num_layers, num_cpu_blocks, block_size, config.num_kv_heads, config.head_dim, self.dtype, "cpu"
+            config.num_layers, num_cpu_blocks, block_size, config.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            "cpu",
         ) if num_cpu_blocks else []  # fmt: skip
         if num_cpu_blocks and self.device.type == "cuda":
             self.cpu_kv_caches = [cache.pin_memory() for cache in self.cpu_kv_caches]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from minserve.model.kv_quant import dequantize_kv, is_quantized, quantize_kv
+
 
 @dataclass
 class AttentionMetadata:
@@ -85,11 +87,22 @@ def allocate_kv_cache(
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write each new token's K and V (``[num_tokens, num_kv_heads, head_dim]``) into its slot."""
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_scales: torch.Tensor | None = None,
+) -> None:
+    """Write each new token's K and V (``[num_tokens, num_kv_heads, head_dim]``) into its slot; an 8-bit
+    cache stores their codes under ``kv_scales`` (``[2, num_kv_heads]``, see :mod:`.kv_quant`)."""
+    if is_quantized(kv_cache):
+        assert kv_scales is not None, "an 8-bit KV cache needs its scales"
+        key, value = quantize_kv(key, kv_scales[0], kv_cache.dtype), quantize_kv(value, kv_scales[1], kv_cache.dtype)
+        kv_cache, key, value = kv_cache.view(torch.uint8), key.view(torch.uint8), value.view(torch.uint8)
     key_slots = kv_cache[0].flatten(0, 1)  # [num_blocks * block_size, heads, head_dim], a view
     value_slots = kv_cache[1].flatten(0, 1)
-    key_slots.index_copy_(0, slot_mapping, key)
+    key_slots.index_copy_(0, slot_mapping, key)  # (as bytes for an 8-bit cache: fp8 has no index_copy_)
     value_slots.index_copy_(0, slot_mapping, value)
 
 
@@ -101,22 +114,24 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole context.
 
     ``query`` is ``[num_tokens, num_heads, head_dim]``; ``key``/``value`` are this step's new
     ``[num_tokens, num_kv_heads, head_dim]``. With a cache they are stored first and every key is then read
     back through the block table, so a cached prefix and a chunked prefill look the same as a fresh prompt.
+    An 8-bit cache (``kv_scales`` given) is read back widened to the query's dtype.
     Returns ``[num_tokens, num_heads, head_dim]``.
     """
     if kv_cache is not None:
-        store_kv(key, value, kv_cache, meta.slot_mapping)
+        store_kv(key, value, kv_cache, meta.slot_mapping, kv_scales)
     output = torch.empty_like(query)
     starts = _offsets(meta.query_lens)
     decode = [i for i, n in enumerate(meta.query_lens) if n == 1 and kv_cache is not None]
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=query.device)
-        output[rows] = _decode_batch(query[rows], kv_cache, meta, decode, scale, sliding_window)
+        output[rows] = _decode_batch(query[rows], kv_cache, meta, decode, scale, sliding_window, kv_scales)
     for i, n in enumerate(meta.query_lens):
         if n == 0 or (n == 1 and kv_cache is not None):
             continue
@@ -124,7 +139,7 @@ def paged_attention(
         if kv_cache is None:
             keys, values = key[span], value[span]
         else:
-            keys, values = _gather(kv_cache, meta.block_tables[i], meta.context_lens[i])
+            keys, values = _gather(kv_cache, meta.block_tables[i], meta.context_lens[i], kv_scales, query.dtype)
         output[span] = _attend(query[span], keys, values, scale, sliding_window)
     return output
 
@@ -137,13 +152,27 @@ def _offsets(lengths: list[int]) -> list[int]:
     return starts
 
 
-def _gather(kv_cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``context_len`` keys and values of one sequence, read through its block table."""
+def _gather(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_len: int,
+    kv_scales: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     block_size = kv_cache.shape[2]
     num_blocks = -(-context_len // block_size)
     blocks = kv_cache[:, block_table[:num_blocks]]  # [2, n, block_size, heads, head_dim]
-    keys, values = blocks.flatten(1, 2)[:, :context_len].unbind(0)
+    keys, values = _widened(blocks.flatten(1, 2)[:, :context_len], kv_scales, dtype).unbind(0)
     return keys, values
+
+
+def _widened(codes: torch.Tensor, kv_scales: torch.Tensor | None, dtype: torch.dtype | None) -> torch.Tensor:
+    """Gathered ``[2, ..., heads, head_dim]`` keys and values, in ``dtype`` if the cache holds 8-bit codes."""
+    if not is_quantized(codes):
+        return codes
+    assert kv_scales is not None and dtype is not None, "an 8-bit KV cache needs its scales"
+    shape = (2,) + (1,) * (codes.dim() - 3) + kv_scales.shape[1:]
+    return dequantize_kv(codes, kv_scales.view(shape), dtype)
 
 
 def _attend(
@@ -174,6 +203,7 @@ def decode_attention(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A decode step (one new token per sequence) from tensors alone: what a compiled decode step runs.
 
@@ -184,8 +214,12 @@ def decode_attention(
     ``index_copy_`` of :func:`store_kv` make it copy the whole cache, every layer, every step).
     ``query`` is ``[num_seqs, num_heads, head_dim]``; returns the same shape.
     """
-    kv_cache.flatten(1, 2)[:, slot_mapping] = torch.stack((key, value))  # [2, slots, heads, head_dim] view
-    return _attend_one_query(query, kv_cache, block_tables, context_lens, scale, sliding_window)
+    new = torch.stack((key, value))  # [2, tokens, heads, head_dim]
+    if is_quantized(kv_cache):
+        assert kv_scales is not None, "an 8-bit KV cache needs its scales"
+        new = torch.stack([quantize_kv(new[i], kv_scales[i], kv_cache.dtype) for i in (0, 1)])
+    kv_cache.flatten(1, 2)[:, slot_mapping] = new  # [2, slots, heads, head_dim] view
+    return _attend_one_query(query, kv_cache, block_tables, context_lens, scale, sliding_window, kv_scales)
 
 
 def _decode_batch(
@@ -195,13 +229,14 @@ def _decode_batch(
     rows: list[int],
     scale: float,
     sliding_window: int | None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence: gather every sequence's blocks at once and attend with a padding mask."""
     block_size = kv_cache.shape[2]
     context_lens = torch.tensor([meta.context_lens[i] for i in rows], device=query.device)
     max_blocks = -(-int(context_lens.max()) // block_size)
     tables = meta.block_tables[rows, :max_blocks]  # [batch, max_blocks]
-    return _attend_one_query(query, kv_cache, tables, context_lens, scale, sliding_window)
+    return _attend_one_query(query, kv_cache, tables, context_lens, scale, sliding_window, kv_scales)
 
 
 def _attend_one_query(
@@ -211,9 +246,11 @@ def _attend_one_query(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each sequence's one query over the blocks of its row of ``tables``, keys past its context masked."""
-    keys, values = kv_cache[:, tables].flatten(2, 3).unbind(0)  # each [batch, blocks * block_size, h, d]
+    gathered = _widened(kv_cache[:, tables].flatten(2, 3), kv_scales, query.dtype)
+    keys, values = gathered.unbind(0)  # each [batch, blocks * block_size, h, d]
     key_pos = torch.arange(keys.shape[1], device=query.device)[None, :]
     mask = key_pos < context_lens[:, None]
     if sliding_window is not None:

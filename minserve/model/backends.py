@@ -83,16 +83,18 @@ class TorchBackend:
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store this step's k and v in the cache, then attend (see :func:`paged_attention`).
+        """Store this step's k and v in the cache, then attend (see :func:`paged_attention`); an 8-bit cache
+        comes with its per-head ``kv_scales`` (:mod:`minserve.model.kv_quant`).
 
         A decode step whose tensors were built before the forward (a compiled step, see
         :mod:`minserve.engine.compilation`) attends from them alone (:func:`decode_attention`)."""
         step = meta.step_tensors
         if kv_cache is not None and step is not None and step.all_decode:
             return decode_attention(q, k, v, kv_cache, meta.slot_mapping, meta.block_tables, step.context_lens,
-                                    scale, sliding_window)  # fmt: skip
-        return paged_attention(q, k, v, kv_cache, meta, scale, sliding_window)
+                                    scale, sliding_window, kv_scales)  # fmt: skip
+        return paged_attention(q, k, v, kv_cache, meta, scale, sliding_window, kv_scales)
 
 
 class TritonBackend(TorchBackend):
@@ -118,9 +120,11 @@ class TritonBackend(TorchBackend):
     def silu_and_mul(self, gate_up):
         return self._silu_and_mul(gate_up)
 
-    def attention(self, q, k, v, kv_cache, meta, scale, sliding_window):
+    def attention(self, q, k, v, kv_cache, meta, scale, sliding_window, kv_scales=None):
         if kv_cache is None:  # a plain forward with nothing cached (parity tests, perplexity): the reference
             return super().attention(q, k, v, kv_cache, meta, scale, sliding_window)
+        if kv_scales is not None:
+            raise NotImplementedError("the Triton kernels read a 16- or 32-bit KV cache; an 8-bit one runs on torch")
         self._store(k, v, kv_cache, meta.slot_mapping)
         step = meta.device_tensors(q.device)
         if step.all_decode:

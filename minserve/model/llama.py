@@ -98,6 +98,7 @@ class Attention(nn.Module):
         self.sliding_window = config.sliding_window
         self.scale = self.head_dim**-0.5
         self.kv_cache: torch.Tensor | None = None
+        self.kv_scales: torch.Tensor | None = None  # [2, num_kv_heads] with an 8-bit cache
         self.backend: TorchBackend = TORCH
 
     def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -108,7 +109,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.backend.apply_rotary(q, k, rope)
-        out = self.backend.attention(q, k, v, self.kv_cache, meta, self.scale, self.sliding_window)
+        out = self.backend.attention(q, k, v, self.kv_cache, meta, self.scale, self.sliding_window, self.kv_scales)
         return self.o_proj(out.flatten(1))
 
 
@@ -178,10 +179,12 @@ class LlamaForCausalLM(nn.Module):
     def backend(self) -> TorchBackend:
         return self.norm.backend
 
-    def set_kv_caches(self, kv_caches: list[torch.Tensor] | None) -> None:
-        """Hand each layer its slice of the paged KV cache (or take the caches away with None)."""
+    def set_kv_caches(self, kv_caches: list[torch.Tensor] | None, kv_scales: list[torch.Tensor] | None = None) -> None:
+        """Hand each layer its slice of the paged KV cache (or take the caches away with None), and with an
+        8-bit cache each layer's ``[2, num_kv_heads]`` scales."""
         for i, layer in enumerate(self.layers):
             layer.self_attn.kv_cache = None if kv_caches is None else kv_caches[i]
+            layer.self_attn.kv_scales = None if kv_caches is None or kv_scales is None else kv_scales[i]
 
     @torch.inference_mode()
     def logits_without_cache(self, token_ids: torch.Tensor) -> torch.Tensor:
@@ -190,10 +193,11 @@ class LlamaForCausalLM(nn.Module):
         The plain forward the parity tests and perplexity use; the engine never calls it.
         """
         previous = [layer.self_attn.kv_cache for layer in self.layers]
+        scales = [layer.self_attn.kv_scales for layer in self.layers]
         self.set_kv_caches(None)
         try:
             positions = torch.arange(len(token_ids), device=token_ids.device)
             meta = AttentionMetadata.without_cache([len(token_ids)])
             return self.compute_logits(self(token_ids, positions, meta))
         finally:
-            self.set_kv_caches(previous)
+            self.set_kv_caches(previous, None if scales[0] is None else scales)

@@ -7,6 +7,7 @@ tokens (:mod:`.agreement`) and the same greedy prompts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 
 from minserve.engine.llm import LLM
 from minserve.engine.sampling_params import SamplingParams
+from minserve.model.kv_quant import logits_through_cache
 from minserve.quality.agreement import Agreement, greedy_divergence, next_token_agreement
 from minserve.quality.held_out import held_out_text
 from minserve.quant.swap import QuantScheme, linear_weight_bytes, weight_bytes
@@ -33,8 +35,9 @@ EVAL_KV_BYTES = 64 * 2**20  # the comparison generates little: a small cache kee
 class FormatReport:
     """One format of one model, measured against the same model in float32."""
 
-    label: str  # "float32", "int8", "int4-g64", "fp8"
+    label: str  # "float32", "int8", "int4-g64", "fp8", "kv-int8", "int4+kv-fp8"
     weight_bytes: int  # all of the model's weights as stored
+    kv_bytes_per_token: int  # the KV cache's, every layer
     step_weight_bytes: int  # the linear layers' (head included): what one decode step reads
     bits_per_weight: float  # over the linear layers
     agreement: Agreement  # next-token distributions against float32's, on the held-out text
@@ -47,6 +50,7 @@ class FormatReport:
             "bits/weight": self.bits_per_weight,
             "weights (MB)": self.weight_bytes / 1e6,
             "read per step (MB)": self.step_weight_bytes / 1e6,
+            "KV bytes/token": self.kv_bytes_per_token,
             "perplexity": a.perplexity,
             "KL (nats/token)": a.kl_per_token,
             "top-1 agreement": a.top1_agreement,
@@ -56,7 +60,7 @@ class FormatReport:
 
 def compare_formats(
     model: str,
-    formats: Sequence[str] = ("int8", "int4-g64", "fp8"),
+    formats: Sequence[str] = ("int8", "int4-g64", "fp8", "kv-int8"),
     text: str | None = None,
     max_tokens: int = 2048,
     window_tokens: int = 512,
@@ -64,33 +68,55 @@ def compare_formats(
     new_tokens: int = 48,
     progress: bool = False,
 ) -> list[FormatReport]:
-    """float32 first, then each format (a :meth:`QuantScheme.from_label` label: ``"int4-g32"``), on
-    ``max_tokens`` tokens of ``text`` (the held-out text by default) in windows of ``window_tokens``, and
-    ``new_tokens`` greedy tokens from each prompt."""
+    """float32 first, then each format, on ``max_tokens`` tokens of ``text`` (the held-out text by default)
+    in windows of ``window_tokens``, and ``new_tokens`` greedy tokens from each prompt.
+
+    A format is a weight format (a :meth:`QuantScheme.from_label` label: ``"int8"``, ``"int4-g32"``), a KV
+    cache format (``"kv-int8"``, ``"kv-fp8"``: float32 weights), or both joined by ``+``
+    (``"int4+kv-int8"``). With an 8-bit cache, every scored position attends to keys and values read back
+    from their codes (:func:`~minserve.model.kv_quant.logits_through_cache`), as when serving."""
     reference = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
     stream = torch.tensor(reference.tokenizer.encode(text or held_out_text())[:max_tokens])
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     reference_tokens = [o.token_ids for o in reference.generate(list(prompts), greedy)]
 
     def report(label: str, llm: LLM) -> FormatReport:
+        engine = llm.engine
+        if engine.kv_scales is None:
+            logits_of = engine.model.logits_without_cache
+        else:
+            logits_of = functools.partial(
+                logits_through_cache, engine.model, cache_dtype=engine.kv_cache_dtype, kv_scales=engine.kv_scales
+            )
         agreement = next_token_agreement(
-            reference.model.logits_without_cache, llm.model.logits_without_cache, stream, window_tokens, progress
+            reference.model.logits_without_cache, logits_of, stream, window_tokens, progress
         )
         same = greedy_divergence(reference_tokens, [o.token_ids for o in llm.generate(list(prompts), greedy)])
-        step_bytes, weights = linear_weight_bytes(llm.model)
+        step_bytes, weights = linear_weight_bytes(engine.model)
+        kv_per_token = engine.kv_bytes_per_block() // engine.config.block_size
         return FormatReport(
-            label, weight_bytes(llm.model), step_bytes, 8 * step_bytes / weights, agreement, tuple(same)
-        )
+            label, weight_bytes(engine.model), kv_per_token, step_bytes, 8 * step_bytes / weights, agreement,
+            tuple(same),
+        )  # fmt: skip
 
     reports = [report("float32", reference)]
     for label in formats:
-        scheme = QuantScheme.from_label(label)
-        llm = LLM(
-            model, quantization=scheme.format, quant_group_size=scheme.group_size, kv_cache_memory_bytes=EVAL_KV_BYTES
-        )
-        reports.append(report(scheme.label, llm))
-        del llm  # one quantized model at a time beside the reference
+        llm = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES, **format_options(label))
+        reports.append(report(label, llm))
+        del llm  # one changed model at a time beside the reference
     return reports
+
+
+def format_options(label: str) -> dict[str, str | int | None]:
+    """``"int4-g32+kv-int8"`` → LLM's keywords (``quantization``, ``quant_group_size``, ``kv_cache_dtype``)."""
+    options: dict[str, str | int | None] = {}
+    for part in label.split("+"):
+        if part.startswith("kv-"):
+            options["kv_cache_dtype"] = part.removeprefix("kv-")
+        else:
+            scheme = QuantScheme.from_label(part)
+            options |= {"quantization": scheme.format, "quant_group_size": scheme.group_size}
+    return options
 
 
 def format_table(reports: Sequence[FormatReport]) -> pd.DataFrame:
