@@ -25,20 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_llamacpp import MODEL, minserve_options
 
-FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "int4+kv-int8")
+FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "int4+kv-int8", "int4+compile")
 QUALITY_FORMATS = ("int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "kv-fp8", "int4+kv-int8")
 KV_BUDGET_BYTES = 256 * 2**20  # the CPU's default KV memory: how many tokens each KV format holds in it
 SHAPES = {  # SmolLM2-135M's linear layers, (out, in), and how many a forward pass has
@@ -55,47 +52,12 @@ HERE = Path(__file__).resolve().parent
 # --- part 1: kernels --------------------------------------------------------------------------------------
 
 
-def time_us(fn, repeats: int) -> float:
-    """Median microseconds of ``repeats`` calls, after two warm-up calls."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(times)
-
-
-def kernel_sides(linear: nn.Linear) -> dict:
-    """Each format's matmul on this layer's weight, as a function of the input."""
-    from minserve.quant.formats import quantize
-    from minserve.quant.linear import Fp8Linear, Int4Linear, Int8Linear
-
-    w = linear.weight.detach()
-    bf16 = w.to(torch.bfloat16)
-    int8 = Int8Linear(quantize(w, "int8"), None)
-    return {
-        "fp32": lambda x: F.linear(x, w),
-        "bf16": lambda x: F.linear(x.to(torch.bfloat16), bf16),
-        "int8": int8,
-        "int8, fp32 in": lambda x: torch.ops.aten._weight_int8pack_mm(x, int8.codes, int8.scales.float()),
-        "int4-g32": Int4Linear(quantize(w, "int4", 32), None),
-        "int4-g64": Int4Linear(quantize(w, "int4", 64), None),
-        "fp8": Fp8Linear(quantize(w, "fp8"), None),
-    }
-
-
 def run_kernels(repeats: int) -> list[dict]:
-    rows = []
-    with torch.inference_mode():
-        for name, ((out, inp), count) in SHAPES.items():
-            sides = kernel_sides(nn.Linear(inp, out, bias=False))
-            for batch in (1, 32):
-                x = torch.randn(batch, inp)
-                times = {side: time_us(lambda f=f, x=x: f(x), repeats if side != "int8, fp32 in" else 3)
-                         for side, f in sides.items()}  # fmt: skip
-                rows.append({"layer": name, "shape": f"{out}×{inp}", "count": count, "batch": batch} | times)
-    return rows
+    from minserve.capacity.format_kernels import time_kernels
+
+    table = time_kernels({name: shape for name, (shape, _) in SHAPES.items()}, repeats=repeats)
+    counts = [SHAPES[name][1] for name in table["layer"]]
+    return table.assign(count=counts).to_dict(orient="records")
 
 
 def print_kernels(rows: list[dict]) -> None:
@@ -171,7 +133,7 @@ def run_decode(args) -> dict:
 
 def print_decode(decode: dict) -> None:
     sides = decode["sides"]
-    base = sides["minserve-fp32"]["decode_tokens_per_s"]
+    base = sides.get("minserve-fp32", next(iter(sides.values())))["decode_tokens_per_s"]
     llama = sides.get("llama.cpp-q4_1", {}).get("decode_tokens_per_s")
     print(f"\n2. decode on SmolLM2-135M-Instruct; copy bandwidth {decode['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
     header = ("side", "bits/w", "read/step MB", "1 stream tok/s", "vs fp32", "vs llama.cpp", "roofline", "32 streams",
@@ -234,17 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "date": time.strftime("%Y-%m-%d"),
     }
-    if "kernels" in parts:
-        results["kernels"] = run_kernels(args.kernel_repeats)
-        print_kernels(results["kernels"])
-    if "decode" in parts:
-        results["decode"] = run_decode(args)
-        print_decode(results["decode"])
-    if "quality" in parts:
-        results["quality"] = run_quality(args)
-        print_quality(results["quality"])
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    steps = {"kernels": (run_kernels, print_kernels), "decode": (run_decode, print_decode),
+             "quality": (run_quality, print_quality)}  # fmt: skip
+    for part in parts:
+        run, show = steps[part]
+        results[part] = run(args.kernel_repeats if part == "kernels" else args)
+        show(results[part])
+        if args.json:  # after every part: a part that fails later loses nothing measured before it
+            args.json.write_text(json.dumps(results, indent=2))
     return 0
 
 

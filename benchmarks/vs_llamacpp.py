@@ -59,13 +59,13 @@ def gguf_path() -> Path:
 def minserve_options(side: str) -> dict:
     """A minserve side's LLM keywords: ``minserve-fp32`` and ``minserve-bf16`` are dtypes; the rest are
     formats on float32, as chapter 07 names them (``minserve-int8``, ``minserve-int4-g32``,
-    ``minserve-kv-int8``, ``minserve-int4+kv-fp8``: see ``minserve.quality.quantized.format_options``)."""
-    from minserve.quality.quantized import format_options
+    ``minserve-kv-int8``, ``minserve-int4+kv-fp8``: see ``minserve.quant.swap.format_options``), and
+    ``+compile`` at the end runs decode steps through ``torch.compile``."""
+    from minserve.capacity.format_runs import storage_options
 
     storage = side.removeprefix("minserve-")
-    if storage in ("fp32", "bf16"):
-        return {"dtype": "float32" if storage == "fp32" else "bfloat16"}
-    return {"dtype": "float32"} | format_options(storage)
+    compiled = {"compile_model": True} if storage.endswith("+compile") else {}  # ``…+compile``: torch.compile
+    return storage_options(storage.removesuffix("+compile")) | compiled
 
 
 def chat_prompt_ids() -> list[int]:

@@ -19,7 +19,7 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.model.kv_quant import logits_through_cache
 from minserve.quality.agreement import Agreement, greedy_divergence, next_token_agreement
 from minserve.quality.held_out import held_out_text
-from minserve.quant.swap import QuantScheme, linear_weight_bytes, weight_bytes
+from minserve.quant.swap import format_options, linear_weight_bytes, weight_bytes
 
 # Four short, different beginnings: code, prose, a list, a question.
 PROMPTS = (
@@ -105,18 +105,6 @@ def compare_formats(
         reports.append(report(label, llm))
         del llm  # one changed model at a time beside the reference
     return reports
-
-
-def format_options(label: str) -> dict[str, str | int | None]:
-    """``"int4-g32+kv-int8"`` → LLM's keywords (``quantization``, ``quant_group_size``, ``kv_cache_dtype``)."""
-    options: dict[str, str | int | None] = {}
-    for part in label.split("+"):
-        if part.startswith("kv-"):
-            options["kv_cache_dtype"] = part.removeprefix("kv-")
-        else:
-            scheme = QuantScheme.from_label(part)
-            options |= {"quantization": scheme.format, "quant_group_size": scheme.group_size}
-    return options
 
 
 def format_table(reports: Sequence[FormatReport]) -> pd.DataFrame:

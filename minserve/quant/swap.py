@@ -171,3 +171,17 @@ def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
             total_bytes += module.weight.numel() * module.weight.element_size()
             total_weights += module.weight.numel()
     return total_bytes, total_weights
+
+
+def format_options(label: str) -> dict[str, str | int | None]:
+    """A storage label → LLM's keywords: ``"int4-g32+kv-int8"`` → ``quantization``, ``quant_group_size``,
+    ``kv_cache_dtype``. A part is a weight format (:meth:`QuantScheme.from_label`) or ``kv-`` and a KV
+    cache dtype; chapter 07, the quality comparison and the benchmarks all name formats so."""
+    options: dict[str, str | int | None] = {}
+    for part in label.split("+"):
+        if part.startswith("kv-"):
+            options["kv_cache_dtype"] = part.removeprefix("kv-")
+        else:
+            scheme = QuantScheme.from_label(part)
+            options |= {"quantization": scheme.format, "quant_group_size": scheme.group_size}
+    return options
