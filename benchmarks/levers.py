@@ -69,12 +69,11 @@ def profile(engine: Callable[..., LLM], tokens: int) -> list[dict[str, Any]]:
     }
     rows = []
     for workload, outputs in runs.items():
-        prefill_s = statistics.fmean(o.metrics.ttft_s or 0.0 for o in outputs)
-        decode_s = statistics.fmean((o.metrics.e2e_s or 0.0) - (o.metrics.ttft_s or 0.0) for o in outputs)
+        split = levers.phase_split(outputs)
         rows.append({
-            "workload": workload, "requests": len(outputs), "prefill_ms": round(prefill_s * 1e3, 2),
-            "decode_ms": round(decode_s * 1e3, 2), "prefill_share": round(prefill_s / (prefill_s + decode_s), 3),
-            "dominant": "prefill" if prefill_s > decode_s else "decode",
+            "workload": workload, "requests": split.requests, "prefill_ms": round(split.prefill_s * 1e3, 2),
+            "decode_ms": round(split.decode_s * 1e3, 2), "prefill_share": round(split.prefill_share, 3),
+            "dominant": split.dominant,
         })  # fmt: skip
     return rows
 

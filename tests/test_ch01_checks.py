@@ -88,6 +88,18 @@ def test_prediction_holds_when_the_step_cost_is_the_one_measured():
     assert "100% of 5 requests" in contract_checks.check_e2e_prediction(table, margin=0.3)
 
 
+def test_the_median_of_three_runs_is_not_moved_by_one_slowed_run():
+    slowed = _lockstep_records(LENGTHS, step=lambda b: 1.6 * _step_grows(b))  # another process took the CPU
+    runs = [_lockstep_records(LENGTHS), slowed, _lockstep_records(LENGTHS)]
+    table = contract.median_prediction_table(runs, COSTS)
+    assert table["measured / predicted"].tolist() == pytest.approx([1.0] * len(LENGTHS))
+    assert list(table.columns) == list(contract.prediction_table(runs[0], COSTS).columns)
+    assert "100% of 5" in contract_checks.check_e2e_prediction(table, margin=0.3)
+    both_slowed = contract.median_prediction_table([runs[0], slowed, slowed], COSTS)
+    with pytest.raises(AssertionError, match="within"):  # the claim still fails when most runs miss it
+        contract_checks.check_e2e_prediction(both_slowed, margin=0.3)
+
+
 def test_prediction_fails_when_off_by_two():
     doubled = contract.StepCosts(COSTS.batch_sizes, tuple(2 * s for s in COSTS.step_s))
     lengths = [40, 30, 20, 10, 35, 25]  # long enough that the steps, not the TTFT, make up the E2E

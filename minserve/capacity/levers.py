@@ -53,6 +53,30 @@ def one_at_a_time(llm: LLM, prompts: Sequence[list[int]], params: SamplingParams
     return [llm.generate([prompt], params)[0] for prompt in prompts]
 
 
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Where a workload's mean request spent its latency: prefill (its TTFT) and decode (the rest)."""
+
+    requests: int
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def prefill_share(self) -> float:
+        return self.prefill_s / (self.prefill_s + self.decode_s)
+
+    @property
+    def dominant(self) -> str:
+        return "prefill" if self.prefill_s > self.decode_s else "decode"
+
+
+def phase_split(outputs: Sequence[RequestOutput]) -> PhaseSplit:
+    """The profile a lever is chosen by: mean TTFT as prefill, mean E2E − TTFT as decode (seconds)."""
+    prefill = [o.metrics.ttft_s or 0.0 for o in outputs]
+    decode = [(o.metrics.e2e_s or 0.0) - p for o, p in zip(outputs, prefill)]
+    return PhaseSplit(len(outputs), sum(prefill) / len(outputs), sum(decode) / len(outputs))
+
+
 def mean_ttft_s(outputs: Sequence[RequestOutput]) -> float:
     return sum(o.metrics.ttft_s or 0.0 for o in outputs) / len(outputs)
 

@@ -63,33 +63,39 @@ class StepCosts:
 
 
 def measure_decode_steps(
-    llm: LLM, prompt: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), tokens: int = 24
+    llm: LLM, prompt: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), tokens: int = 24, rounds: int = 3
 ) -> StepCosts:
     """For each batch size b, run b copies of ``prompt`` for ``tokens`` tokens and take the median time
     between consecutive decode steps of b sequences, from the engine's step reports.
 
     Step end to step end is what a streaming client sees between two tokens: the forward pass, sampling and
-    the engine's bookkeeping. The median leaves out a step that another process on the machine slowed.
+    the engine's bookkeeping. The median leaves out a step that another process on the machine slowed; the
+    ``rounds`` go through every batch size in turn, so a slow stretch of seconds touches each size alike.
     """
+    periods: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    for _ in range(rounds):
+        for b in batch_sizes:
+            periods[b] += _decode_periods(llm, prompt, b, tokens)
+    return StepCosts(tuple(batch_sizes), tuple(statistics.median(periods[b]) for b in batch_sizes))
+
+
+def _decode_periods(llm: LLM, prompt: str, batch: int, tokens: int) -> list[float]:
     core = llm.engine.core
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    medians = []
-    for b in batch_sizes:
-        reports: list[StepReport] = []
-        core.observers.append(reports.append)
-        try:
-            llm.generate([prompt] * b, params)
-        finally:
-            core.observers.remove(reports.append)
-        periods = [
-            later.end_s - earlier.end_s
-            for earlier, later in itertools.pairwise(reports)
-            if len(later.scheduled) == b and all(s.state == "decode" for s in later.scheduled)
-        ]
-        if not periods:
-            raise ValueError(f"no decode step of {b} sequences was measured: is max_num_seqs below {b}?")
-        medians.append(statistics.median(periods))
-    return StepCosts(tuple(batch_sizes), tuple(medians))
+    reports: list[StepReport] = []
+    core.observers.append(reports.append)
+    try:
+        llm.generate([prompt] * batch, params)
+    finally:
+        core.observers.remove(reports.append)
+    periods = [
+        later.end_s - earlier.end_s
+        for earlier, later in itertools.pairwise(reports)
+        if len(later.scheduled) == batch and all(s.state == "decode" for s in later.scheduled)
+    ]
+    if not periods:
+        raise ValueError(f"no decode step of {batch} sequences was measured: is max_num_seqs below {batch}?")
+    return periods
 
 
 # --- each request's latency, predicted -----------------------------------------------------------------------
@@ -128,6 +134,15 @@ def prediction_table(records: Sequence[slo.RequestRecord], costs: StepCosts) -> 
     table = pd.DataFrame(rows).sort_values(["output tokens", "request"], ignore_index=True)
     table["measured / predicted"] = table["measured E2E ms"] / table["predicted E2E ms"]
     return table
+
+
+def median_prediction_table(runs: Sequence[Sequence[slo.RequestRecord]], costs: StepCosts) -> pd.DataFrame:
+    """:func:`prediction_table` over several runs of the same requests, row by row the median of each
+    column: one run slowed by another process on the machine moves the median little."""
+    tables = [prediction_table(records, costs) for records in runs]
+    numeric = [t.drop(columns="request") for t in tables]
+    median = pd.concat(numeric).groupby(level=0).median()
+    return median.assign(request=tables[0]["request"])[tables[0].columns]
 
 
 # --- why the targets are what they are -----------------------------------------------------------------------

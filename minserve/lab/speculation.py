@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 import torch
 from IPython.display import display
 
+from minserve.capacity import levers
 from minserve.capacity.levers import Lever
 from minserve.capacity.speculation import predicted_speedup
 from minserve.capacity.speculation_runs import SpeculationPoint
@@ -41,16 +42,13 @@ Verifier = Callable[[list[int], torch.Tensor | None, torch.Tensor, torch.Generat
 
 def phase_table(outputs: Mapping[str, Sequence[RequestOutput]]) -> pd.DataFrame:
     """Per workload: mean prefill seconds (TTFT), mean decode seconds (the rest of the request), and the
-    share of the latency each takes, with the phase that dominates named."""
+    share of the latency each takes, with the phase that dominates named (:func:`levers.phase_split`)."""
     rows = []
     for workload, outs in outputs.items():
-        prefill = [o.metrics.ttft_s or 0.0 for o in outs]
-        decode = [(o.metrics.e2e_s or 0.0) - p for o, p in zip(outs, prefill)]
-        prefill_s, decode_s = sum(prefill) / len(outs), sum(decode) / len(outs)
+        split = levers.phase_split(outs)
         rows.append({
-            "workload": workload, "requests": len(outs), "prefill ms": prefill_s * 1e3, "decode ms": decode_s * 1e3,
-            "prefill share": prefill_s / (prefill_s + decode_s),
-            "dominant": "prefill" if prefill_s > decode_s else "decode",
+            "workload": workload, "requests": split.requests, "prefill ms": split.prefill_s * 1e3,
+            "decode ms": split.decode_s * 1e3, "prefill share": split.prefill_share, "dominant": split.dominant,
         })  # fmt: skip
     return pd.DataFrame(rows).set_index("workload")
 
