@@ -87,7 +87,7 @@ def run_batch_side(side: str) -> dict:
     outputs = llm.generate(prompts, params)
     wall_s = time.perf_counter() - start
     step_bytes, weights = linear_weight_bytes(llm.model)
-    kv_per_token = llm.engine.kv_bytes_per_block() // llm.engine.config.block_size
+    kv_per_token = llm.engine.kv_bytes_per_token()
     return {
         "batch_tokens_per_s": sum(len(o.token_ids) for o in outputs) / wall_s,
         "kv_bytes_per_token": kv_per_token,

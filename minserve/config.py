@@ -125,10 +125,9 @@ class EngineConfig:
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
         _ = self.quant_scheme  # likewise an impossible quantization
-        from minserve.model.kv_quant import KV_CACHE_DTYPES
+        from minserve.model.kv_quant import check_kv_cache_dtype
 
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
 
     @property
     def quant_scheme(self) -> QuantScheme | None:

@@ -187,10 +187,14 @@ class LLMEngine:
         token_ids = self.tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
         return calibrate_kv_scales(self.model, torch.tensor(token_ids, device=self.device), self.kv_cache_dtype)
 
-    def kv_bytes_per_block(self) -> int:
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token takes, every layer, in the cache's element type."""
         c = self.model_config
         element_bytes = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * self.config.block_size * element_bytes
+        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * element_bytes
+
+    def kv_bytes_per_block(self) -> int:
+        return self.kv_bytes_per_token() * self.config.block_size
 
     def _num_kv_blocks(self) -> int:
         """From ``num_kv_blocks``, else a byte budget, else a default sized for this device."""
@@ -203,7 +207,7 @@ class LLMEngine:
                 budget = int(free_bytes * GPU_MEMORY_UTILIZATION)
             else:
                 enough_tokens = self.config.max_num_seqs * self.max_model_len
-                budget = min(CPU_KV_CACHE_BYTES, enough_tokens * self.kv_bytes_per_block() // self.config.block_size)
+                budget = min(CPU_KV_CACHE_BYTES, enough_tokens * self.kv_bytes_per_token())
         num_blocks = budget // self.kv_bytes_per_block()
         if num_blocks < 1:
             raise ValueError(

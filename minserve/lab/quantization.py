@@ -12,8 +12,8 @@ import plotly.graph_objects as go
 import torch
 
 from minserve.engine.llm import LLM
-from minserve.quant.formats import max_round_trip_error
-from minserve.quant.swap import QuantScheme
+from minserve.quant.formats import QuantizedWeight, max_round_trip_error, quantize
+from minserve.quant.swap import DEFAULT_GROUP_SIZE, QuantScheme
 
 CHAT_MODEL = "smollm2-135m-instruct"
 
@@ -36,10 +36,9 @@ def round_trip_table(weight: torch.Tensor, labels: Sequence[str]) -> pd.DataFram
     return pd.DataFrame(rows).set_index("format")
 
 
-def scheme_quantize(weight: torch.Tensor, scheme: QuantScheme):
-    from minserve.quant.formats import quantize
-
-    return quantize(weight, scheme.format, scheme.group_size or 64)
+def scheme_quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
+    """``weight`` in the scheme's format (int4 in its group size, or the default one)."""
+    return quantize(weight, scheme.format, scheme.group_size or DEFAULT_GROUP_SIZE)
 
 
 def error_figure(weight: torch.Tensor, labels: Sequence[str]) -> go.Figure:
@@ -86,7 +85,7 @@ def kv_capacity_table(
         stats, block = llm.stats(), llm.engine.config.block_size
         rows.append({
             "KV cache": kv_dtype if kv_dtype != "auto" else str(llm.dtype).removeprefix("torch."),
-            "bytes/token": llm.engine.kv_bytes_per_block() // block,
+            "bytes/token": llm.engine.kv_bytes_per_token(),
             "blocks": stats["kv_blocks_total"],
             "tokens": stats["kv_blocks_total"] * block,
         })  # fmt: skip

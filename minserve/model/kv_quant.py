@@ -41,10 +41,15 @@ def calibration_text() -> str:
     return "\n".join(inspect.getsource(module) for module in (json, json.decoder, json.encoder))
 
 
-def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The cache's element type: the model's own for ``"auto"``, else int8 or float8_e4m3fn."""
+def check_kv_cache_dtype(name: str) -> None:
+    """Raise ``ValueError`` naming the choices unless ``name`` is one of :data:`KV_CACHE_DTYPES`."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}")
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's element type: the model's own for ``"auto"``, else int8 or float8_e4m3fn."""
+    check_kv_cache_dtype(name)
     dtype = KV_CACHE_DTYPES[name]
     if name == "fp8" and dtype is None:
         raise ValueError(f"kv_cache_dtype='fp8' needs torch.float8_e4m3fn, which torch {torch.__version__} lacks")
@@ -118,16 +123,23 @@ def _recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     ``[2, num_kv_heads]``, in layer order: the backend is swapped for one that looks, then computes."""
     seen: list[torch.Tensor] = []
     inner = model.backend
-
-    class Recording(type(inner)):  # the model's own backend, plus a look at k and v
-        def attention(self, q, k, v, kv_cache, meta, scale, sliding_window, kv_scales=None):
-            seen.append(torch.stack([k.abs().amax(dim=(0, 2)), v.abs().amax(dim=(0, 2))]).float())
-            return inner.attention(q, k, v, kv_cache, meta, scale, sliding_window, kv_scales)
-
-    recording = Recording.__new__(Recording)
-    recording.__dict__.update(inner.__dict__)
+    recording = _RecordingBackend(inner, seen)
     model.set_backend(recording)
     try:
         yield seen
     finally:
         model.set_backend(inner)
+
+
+class _RecordingBackend:
+    """The model's own backend, with a look at every layer's k and v on the way into attention."""
+
+    def __init__(self, inner, seen: list[torch.Tensor]) -> None:
+        self.inner, self.seen = inner, seen
+
+    def __getattr__(self, name: str):  # norms, rotary, activations, the name: the inner backend's own
+        return getattr(self.inner, name)
+
+    def attention(self, q, k, v, kv_cache, meta, scale, sliding_window, kv_scales=None):
+        self.seen.append(torch.stack([k.abs().amax(dim=(0, 2)), v.abs().amax(dim=(0, 2))]).float())
+        return self.inner.attention(q, k, v, kv_cache, meta, scale, sliding_window, kv_scales)

@@ -93,7 +93,7 @@ def compare_formats(
         )
         same = greedy_divergence(reference_tokens, [o.token_ids for o in llm.generate(list(prompts), greedy)])
         step_bytes, weights = linear_weight_bytes(engine.model)
-        kv_per_token = engine.kv_bytes_per_block() // engine.config.block_size
+        kv_per_token = engine.kv_bytes_per_token()
         return FormatReport(
             label, weight_bytes(engine.model), kv_per_token, step_bytes, 8 * step_bytes / weights, agreement,
             tuple(same),

@@ -118,8 +118,6 @@ def _int4_or_fallback(name: str, linear: nn.Linear, group_size: int) -> str:
     the layer keeps int8, as llama.cpp keeps a higher type for rows its blocks do not tile; where another
     group size would do, the scheme is refused, naming it."""
     in_features = linear.in_features
-    if in_features % group_size == 0 and linear.out_features % INT4_OUTPUT_TILE == 0:
-        return "int4"
     if linear.out_features % INT4_OUTPUT_TILE or not any(in_features % g == 0 for g in GROUP_SIZES):
         logger.info("%s: int4 cannot tile its %s weight; it is stored in int8", name, tuple(linear.weight.shape))
         return "int8"
@@ -127,7 +125,7 @@ def _int4_or_fallback(name: str, linear: nn.Linear, group_size: int) -> str:
         check_group_size(in_features, group_size)
     except QuantizationError as error:
         raise QuantizationError(f"{name}: {error}") from None
-    raise AssertionError("unreachable: check_group_size raised")
+    return "int4"
 
 
 def layer_formats(model: nn.Module) -> dict[str, str]:
