@@ -9,8 +9,9 @@
    and 32 rows: why a format is fast or slow on this CPU, below the engine.
 2. ``decode``: the engine in each format (and llama.cpp on the GGUF file as stored, Q4_1, when
    ``llama-cpp-python`` is installed: ``make bench-llamacpp``): single-stream decode tokens/s (one chat
-   request, as ``benchmarks/vs_llamacpp.py`` runs it), 32 requests decoding together, the bytes of weights a
-   decode step reads, and the roofline's prediction for one stream (this machine's copy bandwidth over
+   request, as ``benchmarks/vs_llamacpp.py`` runs it), 32 requests decoding together, offline throughput
+   (vs_llamacpp's 64 requests of mixed lengths, all at once; llama.cpp one after another), the bytes of
+   weights a decode step reads, and the roofline's prediction for one stream (this machine's copy bandwidth over
    those bytes). Every side runs in a process of its own, one after another.
 3. ``quality``: :func:`minserve.quality.quantized.compare_formats` on both models: perplexity on the
    held-out text, KL divergence and top-1 agreement against float32, greedy tokens until the first
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_llamacpp import MODEL, minserve_options
+from vs_llamacpp import MODEL, minserve_options, run_side
 
 FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "int4+kv-int8", "int4+compile")
 QUALITY_FORMATS = ("int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "kv-fp8", "int4+kv-int8")
@@ -98,15 +98,6 @@ def run_batch_side(side: str) -> dict:
     }
 
 
-def in_subprocess(script: Path, part: str, side: str, extra: list[str]) -> dict:
-    out = subprocess.run([sys.executable, str(script), "--part", part, "--side", side, *extra],
-                         capture_output=True, text=True)  # fmt: skip
-    if out.returncode:
-        sys.stderr.write(out.stderr)
-        raise SystemExit(f"{part}/{side} failed")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def llama_cpp_installed() -> bool:
     import importlib.util
 
@@ -118,17 +109,25 @@ def run_decode(args) -> dict:
 
     bandwidth = measure_this_machine(repeats=3).memory_bandwidth_bytes_per_s
     single = ["--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)]
+    offline = ["--requests", str(args.requests)]
     results = {}
     for storage in args.formats.split(","):
         side = f"minserve-{storage}"
         print(f"  {side} …", file=sys.stderr, flush=True)
-        results[side] = in_subprocess(HERE / "vs_llamacpp.py", "single", side, single)
-        results[side] |= in_subprocess(HERE / "quantization.py", "batch", side, [])
+        results[side] = run_side(HERE / "vs_llamacpp.py", "single", side, single)
+        results[side] |= run_side(HERE / "quantization.py", "batch", side, [])
+        results[side]["offline_tokens_per_s"] = offline_rate(side, offline)
         results[side]["roofline_tokens_per_s"] = bandwidth / results[side]["step_weight_bytes"]
     if llama_cpp_installed():
         print("  llama.cpp-q4_1 …", file=sys.stderr, flush=True)
-        results["llama.cpp-q4_1"] = in_subprocess(HERE / "vs_llamacpp.py", "single", "llama.cpp-q4_1", single)
+        side = "llama.cpp-q4_1"
+        results[side] = run_side(HERE / "vs_llamacpp.py", "single", side, single)
+        results[side]["offline_tokens_per_s"] = offline_rate(side, offline)
     return {"bandwidth_bytes_per_s": bandwidth, "sides": results}
+
+
+def offline_rate(side: str, options: list[str]) -> float:
+    return run_side(HERE / "vs_llamacpp.py", "offline", side, options)["tokens_per_s"]
 
 
 def print_decode(decode: dict) -> None:
@@ -137,7 +136,7 @@ def print_decode(decode: dict) -> None:
     llama = sides.get("llama.cpp-q4_1", {}).get("decode_tokens_per_s")
     print(f"\n2. decode on SmolLM2-135M-Instruct; copy bandwidth {decode['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
     header = ("side", "bits/w", "read/step MB", "1 stream tok/s", "vs fp32", "vs llama.cpp", "roofline", "32 streams",
-              "KV tok/256MiB")  # fmt: skip
+              "offline tok/s", "KV tok/256MiB")  # fmt: skip
     print(f"{header[0]:<20}" + "".join(f"{h:>15}" for h in header[1:]))
     for side, r in sides.items():
         rate = r["decode_tokens_per_s"]
@@ -149,6 +148,7 @@ def print_decode(decode: dict) -> None:
             f"{rate / llama:.2f}×" if llama else "",
             f"{r['roofline_tokens_per_s']:,.0f}" if "roofline_tokens_per_s" in r else "",
             f"{r['batch_tokens_per_s']:,.0f}" if "batch_tokens_per_s" in r else "",
+            f"{r['offline_tokens_per_s']:,.0f}" if "offline_tokens_per_s" in r else "",
             f"{r['kv_tokens_in_budget']:,}" if "kv_tokens_in_budget" in r else "",
         ]
         print(f"{side:<20}" + "".join(f"{c:>15}" for c in cells))
@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="decode: timed runs per side (median reported)")
     parser.add_argument("--quality-tokens", type=int, default=2048, help="quality: held-out tokens scored")
     parser.add_argument("--formats", default=",".join(FORMATS), help="decode: the minserve sides' formats")
+    parser.add_argument("--requests", type=int, default=64, help="decode: offline requests (vs_llamacpp's workload)")
     parser.add_argument("--quality-formats", default=",".join(QUALITY_FORMATS), help="quality: the formats")
     parser.add_argument("--part", help=argparse.SUPPRESS)  # internal: one side in its own process
     parser.add_argument("--side", help=argparse.SUPPRESS)

@@ -265,7 +265,13 @@ FORWARDED = ("max_tokens", "repeats", "requests", "max_prompt", "max_output", "h
 
 def side_in_subprocess(part: str, side: str, args) -> dict:
     forwarded = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if k in FORWARDED]
-    command = [sys.executable, __file__, *forwarded, "--part", part, "--side", side]
+    return run_side(Path(__file__), part, side, forwarded)
+
+
+def run_side(script: Path, part: str, side: str, options: list[str]) -> dict:
+    """One side of one part in a process of its own (``script --part PART --side SIDE`` and ``options``), so
+    each has the machine and a fresh heap to itself: the JSON its last line of output prints."""
+    command = [sys.executable, str(script), *options, "--part", part, "--side", side]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode:
         sys.stderr.write(out.stderr)
@@ -287,24 +293,24 @@ def weight_bytes_per_token() -> dict[str, float]:
 def print_single(results: dict, per_token: dict[str, float]) -> None:
     first = next(iter(results.values()))
     print(f"\n1. one chat request: {first['prompt_tokens']} prompt tokens, {first['output_tokens']} output tokens\n")
-    print(f"{'side':<20}{'TTFT ms':>10}{'decode tok/s':>14}{'vs transformers':>17}{'weights MB/token':>18}{'GB/s':>7}")
+    print(f"{'side':<28}{'TTFT ms':>10}{'decode tok/s':>14}{'vs transformers':>17}{'weights MB/token':>18}{'GB/s':>7}")
     base = results["transformers-fp32"]["decode_tokens_per_s"]
     for side, r in results.items():
-        size = per_token[side.rsplit("-", 1)[1]]
+        size = per_token.get(side.rsplit("-", 1)[1])  # a quantized side's bytes: benchmarks/quantization.py
         rate = r["decode_tokens_per_s"]
-        print(f"{side:<20}{r['ttft_ms']:>10,.0f}{rate:>14,.1f}{rate / base:>16.2f}×{size / 1e6:>18,.0f}"
-              f"{rate * size / 1e9:>7.1f}")  # fmt: skip
+        bytes_cells = f"{size / 1e6:>18,.0f}{rate * size / 1e9:>7.1f}" if size else f"{'':>25}"
+        print(f"{side:<28}{r['ttft_ms']:>10,.0f}{rate:>14,.1f}{rate / base:>16.2f}×" + bytes_cells)
 
 
 def print_offline(results: dict, args) -> None:
     print(f"\n2. offline: {args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} "
           f"tokens ({results['minserve-fp32']['output_tokens']:,} output tokens)\n")  # fmt: skip
     columns = ("output tok/s", 14), ("vs transformers", 17), ("vs llama.cpp", 14), ("wall s", 9), ("peak RSS MB", 13)
-    print(f"{'side':<20}" + "".join(f"{name:>{width}}" for name, width in columns))
+    print(f"{'side':<28}" + "".join(f"{name:>{width}}" for name, width in columns))
     hf, llama = results["transformers-fp32"]["tokens_per_s"], results["llama.cpp-q4_1"]["tokens_per_s"]
     for side, r in results.items():
         rate = r["tokens_per_s"]
-        print(f"{side:<20}{rate:>14,.0f}{rate / hf:>16.2f}×{rate / llama:>13.2f}×{r['wall_s']:>9.1f}"
+        print(f"{side:<28}{rate:>14,.0f}{rate / hf:>16.2f}×{rate / llama:>13.2f}×{r['wall_s']:>9.1f}"
               f"{r['peak_rss_bytes'] / 2**20:>13,.0f}")  # fmt: skip
 
 
@@ -353,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve-prompt-len", type=int, default=128)
     parser.add_argument("--serve-output-len", type=int, default=64)
     parser.add_argument("--serve-threads", type=int, default=os.cpu_count(), help="serve: each engine's threads")
+    parser.add_argument("--single-sides", default=",".join(SINGLE_SIDES), help="single: the sides, comma-separated")
+    parser.add_argument("--offline-sides", default=",".join(OFFLINE_SIDES), help="offline: the sides")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one side
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -366,13 +374,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs, {platform.machine()}")  # fmt: skip
     results: dict[str, dict] = {}
     if "single" in parts:
-        results["single"] = {side: side_in_subprocess("single", side, args) for side in SINGLE_SIDES}
+        results["single"] = {side: side_in_subprocess("single", side, args) for side in args.single_sides.split(",")}
         print_single(results["single"], weight_bytes_per_token())
     if "profile" in parts:
         results["profile"] = {side: side_in_subprocess("profile", side, args) for side in PROFILE_SIDES}
         print_profile(results["profile"])
     if "offline" in parts:
-        results["offline"] = {side: side_in_subprocess("offline", side, args) for side in OFFLINE_SIDES}
+        sides = args.offline_sides.split(",")
+        results["offline"] = {side: side_in_subprocess("offline", side, args) for side in sides}
         print_offline(results["offline"], args)
     if "serve" in parts:
         with tempfile.TemporaryDirectory() as out_root:

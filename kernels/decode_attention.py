@@ -13,8 +13,15 @@ Grouped-query attention: the ``num_heads / num_kv_heads`` query heads that share
 one program, so each key and value is read from memory once per group, not once per query head. Keys are
 found token by token through the block table, so any block size works.
 
+The cache may be 8-bit (int8 or float8 e4m3 codes, see :mod:`minserve.kernels.kv_store`), with
+``kv_scales`` ``[2, num_kv_heads]`` float32. Since a program handles one KV head, its key and value scales
+are two numbers, loaded once; each tile of codes is read from memory as it is, one byte per element, and
+widened in registers (to float32, times the scale). Decode attention is bound by the bytes of KV it reads,
+so reading codes instead of widened copies is the point, not only the memory an 8-bit cache saves.
+
     query [batch, num_heads, head_dim]; kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables [batch, max_blocks] (int); context_lens [batch] (int)  →  out [batch, num_heads, head_dim]
+    block_tables [batch, max_blocks] (int); context_lens [batch] (int); kv_scales [2, num_kv_heads] or None
+    →  out [batch, num_heads, head_dim]
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, compare, gather_context
+from minserve.kernels._common import check_device, checked_kv_scales, compare, gather_context
 
 BLOCK_N = 32  # keys per inner iteration
 NO_WINDOW = 2**30  # "no sliding window": a window longer than any context
@@ -33,10 +40,11 @@ NO_WINDOW = 2**30  # "no sliding window": a window longer than any context
 
 @triton.jit
 def _decode_partial_kernel(
-    q_ptr, cache_ptr, tables_ptr, context_lens_ptr, acc_ptr, m_ptr, l_ptr,
+    q_ptr, cache_ptr, key_scales_ptr, value_scales_ptr, tables_ptr, context_lens_ptr, acc_ptr, m_ptr, l_ptr,
     scale, window, num_heads, group, block_size, values_offset, tables_stride, keys_per_split,
     cache_block_stride, cache_token_stride, cache_head_stride,
     HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    KV_8BIT: tl.constexpr,
 ):  # fmt: skip
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
@@ -45,6 +53,9 @@ def _decode_partial_kernel(
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (seq * num_heads + heads[:, None]) * HEAD_DIM + dims[None, :], mask=head_mask[:, None],
                 other=0.0).to(tl.float32)  # fmt: skip
+    if KV_8BIT:  # this KV head's two scales, for every code the program reads
+        key_scale = tl.load(key_scales_ptr + kv_head)
+        value_scale = tl.load(value_scales_ptr + kv_head)
 
     first_key = tl.maximum(context_len - window, 0)  # the sliding window's oldest key (window: huge if none)
     start = split * keys_per_split
@@ -60,6 +71,8 @@ def _decode_partial_kernel(
         k = tl.load(cache_ptr + rows[:, None] + dims[None, :], mask=key_mask[:, None], other=0.0).to(tl.float32)
         v = tl.load(cache_ptr + values_offset + rows[:, None] + dims[None, :], mask=key_mask[:, None],
                     other=0.0).to(tl.float32)  # fmt: skip
+        if KV_8BIT:
+            k, v = k * key_scale, v * value_scale
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [BLOCK_G, BLOCK_N]
         scores = tl.where(key_mask[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -107,13 +120,16 @@ def decode_attention(
     sliding_window: int | None = None,
     num_splits: int | None = None,
     max_context_len: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its cached context (see the module docstring).
 
     ``max_context_len`` (any upper bound of ``context_lens``) spares reading it back from the GPU, which a
-    CUDA graph cannot do while it is being captured.
+    CUDA graph cannot do while it is being captured. ``kv_scales`` ``[2, num_kv_heads]`` float32: an 8-bit
+    cache's per-head scales (required with one, refused without).
     """
     check_device(query, kv_cache, block_tables, context_lens)
+    scales = checked_kv_scales(kv_cache, kv_scales)
     batch, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if head_dim & (head_dim - 1):
@@ -131,11 +147,13 @@ def decode_attention(
     m = torch.empty(partial_shape, dtype=torch.float32, device=query.device)
     l_sum = torch.empty(partial_shape, dtype=torch.float32, device=query.device)
     group = num_heads // num_kv_heads
+    key_scales, value_scales = (None, None) if scales is None else scales.unbind(0)
     _decode_partial_kernel[(batch, num_kv_heads, splits)](
-        query.contiguous(), kv_cache, block_tables, context_lens, acc, m, l_sum,
+        query.contiguous(), kv_cache, key_scales, value_scales, block_tables, context_lens, acc, m, l_sum,
         scale, sliding_window or NO_WINDOW, num_heads, group, block_size, kv_cache[0].numel(), block_tables.stride(0),
         keys_per_split, kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         HEAD_DIM=head_dim, BLOCK_G=triton.next_power_of_2(group), BLOCK_N=BLOCK_N, NUM_SPLITS=splits,
+        KV_8BIT=scales is not None,
     )  # fmt: skip
     _decode_reduce_kernel[(batch * num_heads,)](acc, m, l_sum, out, HEAD_DIM=head_dim, NUM_SPLITS=splits)
     return out
@@ -148,11 +166,13 @@ def reference(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Gather each sequence's keys through its block table and run SDPA, one sequence at a time."""
+    """Gather each sequence's keys through its block table (an 8-bit cache's widened with ``kv_scales``) and
+    run SDPA, one sequence at a time."""
     outs = []
     for i, context_len in enumerate(context_lens.tolist()):
-        blocks = gather_context(kv_cache, block_tables[i], context_len)
+        blocks = gather_context(kv_cache, block_tables[i], context_len, kv_scales)
         keys, values = blocks[0].transpose(0, 1), blocks[1].transpose(0, 1)  # [kv_heads, context, head_dim]
         mask = torch.ones(context_len, dtype=torch.bool, device=query.device)
         if sliding_window:

@@ -11,9 +11,15 @@ tiles of ``BLOCK_N`` with the online softmax of FlashAttention, stopping at the 
 lets its last query see. Query ``j`` of the sequence sits at position ``context_len − query_len + j``, and
 sees the keys at positions ``≤`` its own (and, with a sliding window, ``>`` its own − window).
 
+The cache may be 8-bit (int8 or float8 e4m3 codes, see :mod:`minserve.kernels.kv_store`), with
+``kv_scales`` ``[2, num_kv_heads]`` float32. A program's head reads one KV head, so its key and value scales
+are two numbers, loaded once; every tile of codes is read as it is, one byte per element, and widened in
+registers (to float32, times the scale, then to the query's dtype for the matmuls, as the torch path
+widens the gathered codes).
+
     query [num_tokens, num_heads, head_dim]; query_starts [batch + 1]; query_lens, context_lens [batch]
     kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim]; block_tables [batch, max_blocks]
-    →  out [num_tokens, num_heads, head_dim]
+    kv_scales [2, num_kv_heads] or None  →  out [num_tokens, num_heads, head_dim]
 """
 
 from __future__ import annotations
@@ -22,17 +28,18 @@ import torch
 import triton
 import triton.language as tl
 
-from minserve.kernels._common import check_device, compare, gather_context, interpreting
+from minserve.kernels._common import check_device, checked_kv_scales, compare, gather_context, interpreting
 
 NO_WINDOW = 2**30  # "no sliding window": a window longer than any context
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, cache_ptr, tables_ptr, query_starts_ptr, query_lens_ptr, context_lens_ptr, out_ptr,
-    scale, window, num_heads, group, block_size, values_offset, tables_stride,
+    q_ptr, cache_ptr, key_scales_ptr, value_scales_ptr, tables_ptr, query_starts_ptr, query_lens_ptr,
+    context_lens_ptr, out_ptr, scale, window, num_heads, group, block_size, values_offset, tables_stride,
     cache_block_stride, cache_token_stride, cache_head_stride,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    KV_8BIT: tl.constexpr,
 ):  # fmt: skip
     seq, head, m_block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     query_len = tl.load(query_lens_ptr + seq)
@@ -48,6 +55,9 @@ def _prefill_kernel(
         q = tl.load(q_ptr + q_offsets, mask=row_mask[:, None], other=0.0)
         if DOT_FP32:  # the interpreter's 16-bit dot is not to be trusted; on a GPU the tensor cores take 16-bit
             q = q.to(tl.float32)
+        if KV_8BIT:  # this KV head's two scales, for every code the program reads
+            key_scale = tl.load(key_scales_ptr + kv_head)
+            value_scale = tl.load(value_scales_ptr + kv_head)
 
         m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -63,6 +73,8 @@ def _prefill_kernel(
             key_rows += kv_head * cache_head_stride
             k = tl.load(cache_ptr + key_rows[None, :] + dims[:, None], mask=key_in[None, :], other=0.0)  # [D, N]
             v = tl.load(cache_ptr + values_offset + key_rows[:, None] + dims[None, :], mask=key_in[:, None], other=0.0)
+            if KV_8BIT:
+                k, v = k.to(tl.float32) * key_scale, v.to(tl.float32) * value_scale
             scores = tl.dot(q, k.to(q.dtype)).to(tl.float32) * scale  # [M, N]
             visible = (keys[None, :] <= query_pos[:, None]) & (keys[None, :] > query_pos[:, None] - window)
             scores = tl.where(visible & key_in[None, :], scores, float("-inf"))
@@ -87,9 +99,12 @@ def prefill_attention(
     max_query_len: int,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its whole cached context (module docstring)."""
+    """Causal attention of each sequence's new queries over its whole cached context (module docstring);
+    ``kv_scales`` ``[2, num_kv_heads]`` float32: an 8-bit cache's per-head scales (required with one)."""
     check_device(query, kv_cache, block_tables, query_starts, query_lens, context_lens)
+    scales = checked_kv_scales(kv_cache, kv_scales)
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
     if head_dim < 16 or head_dim & (head_dim - 1):
@@ -100,11 +115,12 @@ def prefill_attention(
         return out
     block_m, block_n = (64, 64) if query.is_cuda else (16, 16)  # small tiles keep the interpreter quick
     grid = (batch, num_heads, triton.cdiv(max_query_len, block_m))
+    key_scales, value_scales = (None, None) if scales is None else scales.unbind(0)
     _prefill_kernel[grid](
-        query.contiguous(), kv_cache, block_tables, query_starts, query_lens, context_lens, out,
-        scale, sliding_window or NO_WINDOW, num_heads, num_heads // num_kv_heads, block_size, kv_cache[0].numel(),
-        block_tables.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=interpreting(),
+        query.contiguous(), kv_cache, key_scales, value_scales, block_tables, query_starts, query_lens, context_lens,
+        out, scale, sliding_window or NO_WINDOW, num_heads, num_heads // num_kv_heads, block_size,
+        kv_cache[0].numel(), block_tables.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, DOT_FP32=interpreting(), KV_8BIT=scales is not None,
     )  # fmt: skip
     return out
 
@@ -118,11 +134,13 @@ def reference(
     context_lens: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Gather each sequence's keys through its block table and run masked SDPA, one sequence at a time."""
+    """Gather each sequence's keys through its block table (an 8-bit cache's widened with ``kv_scales``) and
+    run masked SDPA, one sequence at a time."""
     out = torch.empty_like(query)
     for i, (start, n, context_len) in enumerate(zip(query_starts.tolist(), query_lens.tolist(), context_lens.tolist())):
-        blocks = gather_context(kv_cache, block_tables[i], context_len)
+        blocks = gather_context(kv_cache, block_tables[i], context_len, kv_scales)
         query_pos = torch.arange(context_len - n, context_len, device=query.device)[:, None]
         key_pos = torch.arange(context_len, device=query.device)[None, :]
         mask = key_pos <= query_pos

@@ -55,8 +55,9 @@ class EngineConfig:
     by default as many blocks as the device cache has).
 
     ``quantization`` stores the decoder layers' weights as ``"int8"`` (per channel), ``"int4"`` (per group
-    of ``quant_group_size`` inputs, with a zero point) or ``"fp8"`` (e4m3), and the head in int8;
-    quantized as the model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
+    of ``quant_group_size`` inputs, with a zero point), ``"int4-awq"`` (int4 after an activation-aware scale
+    search on a calibration text, AWQ-style) or ``"fp8"`` (e4m3), and the head in int8; quantized as the
+    model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
     groups of 32 already: under ``"int4"`` they are kept as stored, unless another group size is asked for.
     ``"none"`` keeps ``dtype`` throughout. ``kv_cache_dtype`` ``"int8"`` or ``"fp8"`` stores keys and values
     in one byte, with per-head scales measured at start (:mod:`minserve.model.kv_quant`): the same KV memory
@@ -84,7 +85,7 @@ class EngineConfig:
     model: str = option("minserve-tiny", "a name (see `minserve models`), checkpoint dir, .gguf file or hub id")
     dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
     quantization: str = option("none", "weight format of the decoder layers and head",
-                               choices=("none", "int8", "int4", "fp8"))  # fmt: skip
+                               choices=("none", "int8", "int4", "int4-awq", "fp8"))  # fmt: skip
     quant_group_size: int | None = option(
         None, "int4: inputs sharing a scale and zero point (32, 64, 128, 256; default 32 on GGUF Q4 blocks, else 64)"
     )

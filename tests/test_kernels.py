@@ -157,3 +157,91 @@ def test_benchmark_rows_turn_milliseconds_into_rates(monkeypatch):
     timings = iter([1.0, 2.0])
     row = _common.compare(lambda: None, lambda: None, 3e12, "tflops")  # 3 TFLOP
     assert row["kernel_tflops"] == 3000.0 and row["torch_tflops"] == 1500.0
+
+
+# --- an 8-bit KV cache: int8 or float8 e4m3 codes, one scale per (keys or values, KV head) ------------------
+
+OLD_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9)  # no e4m3 in Triton there
+CODE_DTYPES = [torch.int8, pytest.param(torch.float8_e4m3fn, marks=pytest.mark.skipif(OLD_GPU, reason="sm < 8.9"))]
+
+
+def codes_and_scales(cache: torch.Tensor, code_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cache``'s values as codes of ``code_dtype``, and the ``[2, kv_heads]`` float32 scales that map each
+    KV head's largest magnitude to the largest code (the heads' scales differ: the random values do)."""
+    scales = cache.float().abs().amax(dim=(1, 2, 4)) / kv_store.CODE_MAX[code_dtype]  # [2, kv_heads]
+    codes = torch.stack([kv_store.reference_codes(cache[i].flatten(0, 1), scales[i], code_dtype) for i in (0, 1)])
+    return codes.view(cache.shape), scales
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+def test_kv_store_writes_the_references_8bit_codes_and_skips_minus_one(code_dtype, dtype):
+    cache = torch.zeros(2, 6, 4, 2, 16, device=DEVICE, dtype=code_dtype)
+    expected = cache.clone()
+    key, value = (torch.randn(7, 2, 16, device=DEVICE).mul(3).to(dtype) for _ in range(2))
+    scales = torch.tensor([[0.5, 0.03], [0.25, 0.07]], device=DEVICE)
+    # With head 0's key scale of 0.5 these land on exact halves of int8 codes (2.5, −2.5, 0.5, 1.5: ties to
+    # even), on a tie and on a carry of e4m3 (100 → 96, 7.75 → 8), and past the codes' range (clipped).
+    key[:, 0, :10] = torch.tensor([1.25, -1.25, 0.25, 0.75, 50.0, 3.875, 500.0, -500.0, 0.0, -0.0]).to(dtype)
+    slots = torch.tensor([3, 0, 23, -1, 7, 8, 12], device=DEVICE)
+    kv_store.store_kv(key, value, cache, slots, scales)
+    kv_store.reference(key, value, expected, slots, scales)
+    assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))  # the same codes, bit for bit
+    written = torch.zeros(6 * 4, dtype=torch.bool)
+    written[[3, 0, 23, 7, 8, 12]] = True
+    assert cache.view(torch.uint8).flatten(1, 2)[:, ~written.to(DEVICE)].count_nonzero() == 0  # −1: nowhere
+
+
+def test_an_8bit_cache_needs_its_scales_and_a_16bit_one_refuses_them():
+    key = torch.randn(2, 2, 16, device=DEVICE)
+    slots = torch.tensor([0, 1], device=DEVICE)
+    with pytest.raises(ValueError, match=r"needs kv_scales of shape \[2, 2\]"):
+        kv_store.store_kv(key, key, torch.zeros(2, 1, 4, 2, 16, device=DEVICE, dtype=torch.int8), slots)
+    with pytest.raises(ValueError, match="kv_scales are for an 8-bit KV cache"):
+        kv_store.store_kv(key, key, torch.zeros(2, 1, 4, 2, 16, device=DEVICE), slots, torch.ones(2, 2, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+@pytest.mark.parametrize(
+    ("block_size", "heads", "kv_heads", "head_dim", "lens", "window", "splits"), [DECODE_CASES[0], DECODE_CASES[2]]
+)
+def test_paged_decode_attention_over_an_8bit_cache(
+    code_dtype, dtype, block_size, heads, kv_heads, head_dim, lens, window, splits
+):
+    cache, tables = paged_cache(lens, block_size, kv_heads, head_dim, torch.float32)
+    codes, scales = codes_and_scales(cache, code_dtype)
+    query = torch.randn(len(lens), heads, head_dim, device=DEVICE).to(dtype)
+    context_lens = torch.tensor(lens, device=DEVICE)
+    args = (query, codes, tables, context_lens, head_dim**-0.5, window)
+    out = decode_attention.decode_attention(*args, splits, kv_scales=scales)
+    assert_close(out, decode_attention.reference(*args, kv_scales=scales))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+@pytest.mark.parametrize(
+    ("block_size", "heads", "kv_heads", "head_dim", "qlens", "clens", "window"), [PREFILL_CASES[0], PREFILL_CASES[2]]
+)
+def test_paged_prefill_attention_over_an_8bit_cache(
+    code_dtype, dtype, block_size, heads, kv_heads, head_dim, qlens, clens, window
+):
+    cache, tables = paged_cache(clens, block_size, kv_heads, head_dim, torch.float32)
+    codes, scales = codes_and_scales(cache, code_dtype)
+    query = torch.randn(sum(qlens), heads, head_dim, device=DEVICE).to(dtype)
+    starts = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], device=DEVICE)
+    query_lens, context_lens = torch.tensor(qlens, device=DEVICE), torch.tensor(clens, device=DEVICE)
+    args = (query, codes, tables, starts, query_lens, context_lens)
+    scale = head_dim**-0.5
+    out = prefill_attention.prefill_attention(*args, max(qlens), scale, window, kv_scales=scales)
+    assert_close(out, prefill_attention.reference(*args, scale, window, kv_scales=scales))
+
+
+def test_fp8_codes_on_a_gpu_older_than_ada_are_refused_naming_int8(monkeypatch):
+    from minserve.kernels import _common
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))  # an A100
+    with pytest.raises(ValueError, match="kv_cache_dtype='int8'"):
+        _common.check_fp8_support(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))  # an H100
+    _common.check_fp8_support(torch.device("cuda", 0))

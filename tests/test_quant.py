@@ -147,3 +147,14 @@ def test_quantized_weights_take_fewer_bytes_in_the_order_of_their_bits():
     layers = sizes["none"] - embedding
     assert sizes["int8"] - embedding < 0.3 * layers  # 1 byte a weight against 4, and the scales
     assert sizes["int4"] < sizes["int8"]
+
+
+def test_an_int4_layer_packed_for_one_device_refuses_to_run_on_another():
+    """The CPU packing and the GPU's two-codes-a-byte have one shape: a moved module would read garbage."""
+    q = quantize(torch.randn(32, 64), "int4", 32)
+    packed_on_cpu = QUANTIZED_LINEARS["int4"](q, None)
+    with pytest.raises(RuntimeError, match="packed for the CPU.*quantize on the device it runs on"):
+        packed_on_cpu(torch.randn(2, 64, device="meta"))
+    on_meta = formats.QuantizedWeight("int4", q.codes.to("meta"), q.scales.to("meta"), q.zeros.to("meta"), 32)
+    with pytest.raises(RuntimeError, match="packed for a GPU"):
+        QUANTIZED_LINEARS["int4"](on_meta, None)(torch.randn(2, 64))

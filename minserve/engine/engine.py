@@ -49,7 +49,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
         self.model = load_model(self.model_dir, self.dtype, self.device)
         if config.quant_scheme is not None:
-            quantize_model(self.model, config.quant_scheme, checkpoint=self.model_dir)
+            quantize_model(self.model, config.quant_scheme, self.model_dir, self._calibration_ids())
         self.model.set_backend(resolve_backend(config.backend, self.device))
         self.model_config = self.model.config
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
@@ -179,13 +179,13 @@ class LLMEngine:
         """An 8-bit cache's per-head scales, measured on a calibration text; None for a 16/32-bit cache."""
         if self.kv_cache_dtype == self.dtype:
             return None
-        if self.model.backend.name != "torch":
-            raise ValueError(
-                f"kv_cache_dtype={self.config.kv_cache_dtype!r} runs on the torch backend: the Triton kernels "
-                "read a 16- or 32-bit cache. Use backend='torch' or kv_cache_dtype='auto'"
-            )
+        return calibrate_kv_scales(self.model, self._calibration_ids(), self.kv_cache_dtype)
+
+    def _calibration_ids(self) -> torch.Tensor:
+        """What activation-aware int4 and an 8-bit cache's scales are measured on: the first
+        ``CALIBRATION_TOKENS`` of a text no quality measurement scores (:func:`calibration_text`)."""
         token_ids = self.tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
-        return calibrate_kv_scales(self.model, torch.tensor(token_ids, device=self.device), self.kv_cache_dtype)
+        return torch.tensor(token_ids, device=self.device)
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes, every layer, in the cache's element type."""

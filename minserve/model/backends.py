@@ -7,7 +7,8 @@ else changes, in the spirit of gpt-fast's swapped modules.
 * :class:`TorchBackend` is the reference: plain torch, any device (CPU, CUDA, Apple's MPS).
 * :class:`TritonBackend` runs the kernels in ``kernels/`` (imported as ``minserve.kernels``): fused add +
   RMSNorm, rotary in place, SiLU-and-multiply, the KV-cache store, paged prefill attention and split-K
-  paged decode attention, which read keys and values through the block table instead of gathering copies.
+  paged decode attention, which read keys and values through the block table instead of gathering copies
+  (from a 16/32-bit cache, or an 8-bit one whose codes they widen in registers).
   It runs on CUDA, and on the CPU under ``TRITON_INTERPRET=1`` (slow: for tests).
 
 ``backend="auto"`` (the default) is Triton on a CUDA GPU where Triton is installed, torch everywhere else.
@@ -121,18 +122,20 @@ class TritonBackend(TorchBackend):
         return self._silu_and_mul(gate_up)
 
     def attention(self, q, k, v, kv_cache, meta, scale, sliding_window, kv_scales=None):
+        """Store this step's k and v by kernel, then attend by kernel through the block tables: split-K decode
+        when every sequence brings one token, paged prefill otherwise. An 8-bit cache comes with its per-head
+        ``kv_scales`` ``[2, num_kv_heads]``: the store writes codes, the attention kernels widen them as they
+        read (:mod:`minserve.model.kv_quant` holds the torch side of the same codes)."""
         if kv_cache is None:  # a plain forward with nothing cached (parity tests, perplexity): the reference
             return super().attention(q, k, v, kv_cache, meta, scale, sliding_window)
-        if kv_scales is not None:
-            raise NotImplementedError("the Triton kernels read a 16- or 32-bit KV cache; an 8-bit one runs on torch")
-        self._store(k, v, kv_cache, meta.slot_mapping)
+        self._store(k, v, kv_cache, meta.slot_mapping, kv_scales)
         step = meta.device_tensors(q.device)
         if step.all_decode:
             return self._decode(q, kv_cache, meta.block_tables, step.context_lens, scale, sliding_window,
-                                max_context_len=step.max_context_len)  # fmt: skip
+                                max_context_len=step.max_context_len, kv_scales=kv_scales)  # fmt: skip
         return self._prefill(
             q, kv_cache, meta.block_tables, step.query_starts, step.query_lens, step.context_lens,
-            step.max_query_len, scale, sliding_window,
+            step.max_query_len, scale, sliding_window, kv_scales,
         )  # fmt: skip
 
 

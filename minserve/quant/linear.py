@@ -11,16 +11,22 @@ The kernel is chosen by the weight's device:
   per group). They take 16-bit activations, so the input is rounded to bfloat16 on the way in: W8A16 and
   W4A16, as their names say. (Fed float32 activations, the int8 kernel takes a slow path, about 10 to 40
   times slower than with bfloat16 on this course's CPU: ``benchmarks/quantization.py --kernels``.)
-* **elsewhere**, and for fp8 everywhere for now (:class:`Fp8Linear` says how): the weight is widened to
-  the activation dtype inside the forward and multiplied by ``F.linear``. Correct, as small in memory, but
-  it moves more bytes per step than the full-precision layer: the benchmark shows it, and a fused
-  dequantize-in-the-matmul kernel is what a GPU needs.
+* **CUDA, with triton installed**: the Triton kernels of :mod:`minserve.kernels.quant_matmul`,
+  ``w8a16_matmul`` and ``w4a16_matmul``, which read the narrow codes and widen them inside the matmul's
+  tiles, so a decode step reads 1 or ½ byte per weight instead of 2. They take the activations as they
+  come (float16, bfloat16 or float32).
+* **elsewhere** (MPS, CUDA without triton), and for fp8 everywhere for now (:class:`Fp8Linear` says how):
+  the weight is widened to the activation dtype inside the forward and multiplied by ``F.linear``.
+  Correct, as small in memory, but it moves more bytes per step than the full-precision layer.
 
 What every kernel must equal is the weight widened from its codes with the scales as the kernel holds
 them (:meth:`QuantizedWeight.with_scales_in`), times the input rounded as the kernel rounds it.
 """
 
 from __future__ import annotations
+
+import functools
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +87,9 @@ class Int8Linear(QuantizedLinear):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":
             return torch.ops.aten._weight_int8pack_mm(x.to(ACTIVATION_DTYPE), self.codes, self.scales).to(x.dtype)
+        kernels = _triton_kernels() if x.is_cuda else None
+        if kernels is not None:
+            return kernels.w8a16_matmul(x, self.codes, self.scales)
         return F.linear(x, self.dequantized_weight(x.dtype))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -99,21 +108,30 @@ class Int4Linear(QuantizedLinear):
         # [in / group, out, 2]: per group and output, (scale, value of code 8): the packed kernel's layout.
         scales_and_zeros = torch.stack([weight.scales.t(), weight.zeros.t()], dim=-1)
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(ACTIVATION_DTYPE).contiguous())
+        # The two packings have one shape, so a module moved across devices would read one as the other.
+        self.packed_for = "cpu" if weight.codes.device.type == "cpu" else "nibbles"
         if weight.codes.device.type == "cpu":
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
                 weight.codes.to(torch.int32), INT4_INNER_K_TILES
             )
             self.register_buffer("packed", packed)
-        else:  # two codes a byte, low nibble first, for the widening path
-            codes = weight.codes
-            self.register_buffer("packed", (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous())
+        else:  # two codes a byte, low nibble first: the Triton kernel's layout, and the widening path's
+            self.register_buffer("packed", pack_int4(weight.codes))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if (x.device.type == "cpu") != (self.packed_for == "cpu"):
+            raise RuntimeError(
+                f"this Int4Linear was packed for {'the CPU' if self.packed_for == 'cpu' else 'a GPU'} and runs on "
+                f"{x.device}: quantize on the device it runs on (LLM(device=...) quantizes after loading there)"
+            )
         if x.device.type == "cpu":
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.to(ACTIVATION_DTYPE), self.packed, self.group_size, self.scales_and_zeros
             )
             return out.to(x.dtype)
+        kernels = _triton_kernels() if x.is_cuda else None
+        if kernels is not None:
+            return kernels.w4a16_matmul(x, self.packed, self.scales_and_zeros, self.group_size)
         return F.linear(x, self.dequantized_weight(x.dtype))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -124,6 +142,22 @@ class Int4Linear(QuantizedLinear):
         scales, zeros = sz[..., 0].t(), sz[..., 1].t()  # [out, groups]
         grouped = codes.float().view(self.out_features, -1, self.group_size) - 8
         return (grouped * scales[..., None] + zeros[..., None]).flatten(1).to(dtype)
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """``[out, in]`` codes 0…15 → ``[out, in / 2]`` uint8, two a byte: the even input in the low nibble."""
+    codes = codes.to(torch.uint8)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+
+
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """:mod:`minserve.kernels.quant_matmul`, or None where triton is not installed (it is optional)."""
+    try:
+        from minserve.kernels import quant_matmul
+    except ImportError:
+        return None
+    return quant_matmul
 
 
 class Fp8Linear(QuantizedLinear):

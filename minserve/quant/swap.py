@@ -11,6 +11,7 @@ is extra memory beside the float embedding; :func:`weight_bytes` counts both.)
 
 int4 groups 64 inputs by default: torch's CPU kernel takes groups of 32, 64, 128 or 256, and SmolLM2's
 576-wide hidden size is a multiple of 64 but not of 128. A layer that no group size tiles keeps int8.
+``int4-awq`` is int4 with its rounding made activation-aware first (:mod:`.awq`).
 
 Each layer is quantized and its float weight dropped before the next is touched, so the model is never
 held twice in full precision: the peak is the float model plus one layer's codes.
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from minserve.quant.awq import SCALED_PROJECTIONS, fold_input_scales, search_input_scales
 from minserve.quant.formats import FP8_DTYPE, GROUP_SIZES, WEIGHT_FORMATS, QuantizationError, check_group_size
 from minserve.quant.gguf_blocks import BLOCK as STORED_BLOCK
 from minserve.quant.gguf_blocks import stored_int4_weights
@@ -37,21 +39,27 @@ logger = logging.getLogger(__name__)
 DEFAULT_GROUP_SIZE = 64  # int4, from float weights
 INT4_OUTPUT_TILE = 16  # the CPU int4 packing takes output features in multiples of this
 HEAD_FORMAT = "int8"
+ACTIVATION_AWARE = "int4-awq"  # int4 with AWQ-style input scales searched on calibration tokens (:mod:`.awq`)
+QUANTIZATIONS = (*WEIGHT_FORMATS, ACTIVATION_AWARE)
 
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """A weight format for the decoder layers, the int4 group size, and the head's format (None: kept)."""
+    """A weight format for the decoder layers, the int4 group size, the head's format (None: kept), and
+    whether int4's rounding is activation-aware (:mod:`.awq`)."""
 
     format: str
     group_size: int | None = None  # int4: None picks 32 on a GGUF file's 4-bit blocks, else DEFAULT_GROUP_SIZE
     head_format: str | None = None
+    activation_aware: bool = False
 
     @classmethod
     def named(cls, name: str, group_size: int | None = None) -> QuantScheme:
-        """``"int8"``, ``"int4"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`."""
-        if name not in WEIGHT_FORMATS:
-            raise QuantizationError(f"unknown quantization {name!r}; use one of none, {', '.join(WEIGHT_FORMATS)}")
+        """``"int8"``, ``"int4"``, ``"int4-awq"`` or ``"fp8"``, with the head in :data:`HEAD_FORMAT`."""
+        if name not in QUANTIZATIONS:
+            raise QuantizationError(f"unknown quantization {name!r}; use one of none, {', '.join(QUANTIZATIONS)}")
+        if name == ACTIVATION_AWARE:
+            return dataclasses.replace(cls.named("int4", group_size), activation_aware=True)
         if name == "int4" and group_size is not None and group_size not in GROUP_SIZES:
             raise QuantizationError(
                 f"int4 group size {group_size} is not one of {', '.join(map(str, GROUP_SIZES))}; choose one of them"
@@ -62,19 +70,29 @@ class QuantScheme:
 
     @classmethod
     def from_label(cls, label: str) -> QuantScheme:
-        """The inverse of :attr:`label`: ``"int8"``, ``"fp8"``, ``"int4-g32"`` (``"int4"``: the default group)."""
+        """The inverse of :attr:`label`: ``"int8"``, ``"fp8"``, ``"int4-g32"``, ``"int4-awq-g32"`` (no ``-g``:
+        the default group)."""
         name, _, group = label.partition("-g")
         return cls.named(name, int(group)) if group else cls.named(name)
+
+    @property
+    def name(self) -> str:
+        """The name :meth:`named` takes: the format, or :data:`ACTIVATION_AWARE`."""
+        return ACTIVATION_AWARE if self.activation_aware else self.format
 
     @property
     def label(self) -> str:
         if self.format != "int4":
             return self.format
-        return "int4" if self.group_size is None else f"int4-g{self.group_size}"
+        return self.name if self.group_size is None else f"{self.name}-g{self.group_size}"
 
 
 def quantize_model(
-    model: nn.Module, scheme: QuantScheme, checkpoint: Path | None = None, progress: bool = False
+    model: nn.Module,
+    scheme: QuantScheme,
+    checkpoint: Path | None = None,
+    calibration_ids: torch.Tensor | None = None,
+    progress: bool = False,
 ) -> nn.Module:
     """Swap ``model``'s projections (and head) for :mod:`minserve.quant.linear` modules, in place.
 
@@ -82,12 +100,19 @@ def quantize_model(
     blocks as they are (:mod:`.gguf_blocks`) when the group size is 32 or left to choose; every other layer
     is quantized from its float weight. Every group size is checked against every layer before any layer
     changes, so an impossible scheme fails with the model untouched, naming the layer and the sizes that fit.
+
+    An activation-aware scheme searches its input scales on ``calibration_ids`` (``[tokens]``, on the model's
+    device) first and folds them into the float model (:mod:`.awq`); it quantizes every layer from its
+    float weight, a GGUF file's stored blocks included, since the scales change what is rounded.
     """
     stored = {}
-    if scheme.format == "int4" and checkpoint is not None and scheme.group_size in (None, STORED_BLOCK):
+    keep_stored = scheme.format == "int4" and not scheme.activation_aware and scheme.group_size in (None, STORED_BLOCK)
+    if keep_stored and checkpoint is not None:
         stored = stored_int4_weights(checkpoint, model.config)
     group_size = scheme.group_size or (STORED_BLOCK if stored else DEFAULT_GROUP_SIZE)
     targets = _targets(model, dataclasses.replace(scheme, group_size=group_size))
+    if scheme.activation_aware:
+        _fold_activation_scales(model, targets, group_size, calibration_ids)
     for name, linear, format in tqdm(targets, desc=f"quantizing to {scheme.label}", disable=not progress):
         if format == "int4" and name in stored:
             quantized = QUANTIZED_LINEARS["int4"](stored[name], linear.bias)
@@ -95,6 +120,15 @@ def quantize_model(
             quantized = QUANTIZED_LINEARS[format].from_linear(linear, group_size)
         _replace(model, name, quantized)
     return model
+
+
+def _fold_activation_scales(
+    model: nn.Module, targets: list[tuple[str, nn.Linear, str]], group_size: int, calibration_ids: torch.Tensor | None
+) -> None:
+    if calibration_ids is None:
+        raise QuantizationError(f"{ACTIVATION_AWARE} searches its scales on calibration tokens: pass calibration_ids")
+    names = {name for name, _, format in targets if format == "int4" and name.rsplit(".", 1)[-1] in SCALED_PROJECTIONS}
+    fold_input_scales(model, search_input_scales(model, calibration_ids, group_size, names))
 
 
 def _targets(model: nn.Module, scheme: QuantScheme) -> list[tuple[str, nn.Linear, str]]:
@@ -181,5 +215,5 @@ def format_options(label: str) -> dict[str, str | int | None]:
             options["kv_cache_dtype"] = part.removeprefix("kv-")
         else:
             scheme = QuantScheme.from_label(part)
-            options |= {"quantization": scheme.format, "quant_group_size": scheme.group_size}
+            options |= {"quantization": scheme.name, "quant_group_size": scheme.group_size}
     return options
