@@ -35,8 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vs_llamacpp import MODEL, minserve_options, run_side
 
-FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "int4+kv-int8", "int4+compile")
-QUALITY_FORMATS = ("int8", "int4-g32", "int4-g64", "fp8", "kv-int8", "kv-fp8", "int4+kv-int8")
+FORMATS = ("fp32", "bf16", "int8", "int4-g32", "int4-g64", "int4-awq-g64", "fp8", "kv-int8", "int4+kv-int8",
+           "int4+compile")  # fmt: skip
+QUALITY_FORMATS = ("int8", "int4-g32", "int4-g64", "int4-awq-g32", "int4-awq-g64", "fp8", "kv-int8", "kv-fp8",
+                   "int4+kv-int8")  # fmt: skip
 KV_BUDGET_BYTES = 256 * 2**20  # the CPU's default KV memory: how many tokens each KV format holds in it
 SHAPES = {  # SmolLM2-135M's linear layers, (out, in), and how many a forward pass has
     "qkv_proj": ((960, 576), 30),

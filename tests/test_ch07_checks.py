@@ -62,6 +62,18 @@ def test_quality_bounds_hold_on_the_measured_shape_and_fail_when_a_format_strays
         quantization_checks.check_quality(_quality(measured, low), CLOSE)
 
 
+def test_activation_aware_int4_must_beat_round_to_nearest_at_the_same_bits():
+    measured = pd.DataFrame({"KL (nats/token)": {"int4-g64": 0.27, "int4-awq-g64": 0.12},
+                             "perplexity": {"int4-g64": 20.3, "int4-awq-g64": 17.0}})  # fmt: skip
+    assert quantization_checks.check_activation_aware(measured)["KL ratio"] == pytest.approx(0.27 / 0.12)
+    unscaled = measured.assign(**{"KL (nats/token)": [0.27, 0.26]})  # a search that kept α = 0 everywhere
+    with pytest.raises(AssertionError, match="not 1.5× below"):
+        quantization_checks.check_activation_aware(unscaled)
+    worse_perplexity = measured.assign(perplexity=[20.3, 21.0])
+    with pytest.raises(AssertionError, match="perplexity"):
+        quantization_checks.check_activation_aware(worse_perplexity)
+
+
 def test_kv_capacity_is_four_times_float32_and_fails_for_codes_as_wide_as_floats():
     capacity = pd.DataFrame({"tokens": {"float32": 1000, "int8": 4000, "fp8": 4000}})
     assert quantization_checks.check_kv_capacity(capacity) == {"int8": 4, "fp8": 4}

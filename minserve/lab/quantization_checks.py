@@ -62,6 +62,19 @@ def check_quality(
     return {f: kl[f] for f in (*close, regridded)}
 
 
+def check_activation_aware(
+    quality: pd.DataFrame, aware: str = "int4-awq-g64", plain: str = "int4-g64", gain: float = 1.5
+) -> dict[str, float]:
+    """Activation-aware rounding (``aware``) keeps the model at least ``gain`` times closer to float32, in KL,
+    than round-to-nearest at the same bits (``plain``), with a perplexity no higher: the search found the
+    columns worth protecting, and folding their scales into the norms changed nothing else."""
+    kl = quality["KL (nats/token)"]
+    _require(kl[aware] * gain <= kl[plain], f"{aware} KL {kl[aware]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}")
+    perplexity = quality["perplexity"]
+    _require(perplexity[aware] <= perplexity[plain], f"{aware} perplexity {perplexity[aware]:.2f} > {plain}'s")
+    return {aware: float(kl[aware]), plain: float(kl[plain]), "KL ratio": float(kl[plain] / kl[aware])}
+
+
 def check_kv_capacity(capacity: pd.DataFrame, full: str = "float32", narrow: Sequence[str] = ("int8", "fp8")) -> dict:
     """The same KV memory holds four times the tokens in one-byte codes as in float32 (per-head scales are
     static: no bytes per token for them)."""
