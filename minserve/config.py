@@ -77,6 +77,11 @@ class EngineConfig:
     ``speculative_config`` turns on speculative decoding, in vLLM's dict shape
     (:class:`~minserve.engine.speculative.SpeculativeConfig`); ``None`` leaves it off.
 
+    ``tensor_parallel_size`` splits the model across that many processes (:mod:`minserve.engine.tensor_parallel`):
+    each holds its share of the attention heads, KV heads and MLP, and the engine's process schedules and
+    samples for all. gloo carries the collectives on the CPU, NCCL on GPUs (one per rank). A script that
+    starts one needs Python's ``if __name__ == "__main__":`` guard, as any that spawns processes does.
+
     ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
     one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
     threads than cores keeps the forward pass from waiting on a thread whose core is taken.
@@ -107,6 +112,7 @@ class EngineConfig:
     enable_tracing: bool = option(True, "record per-request trace events")
     num_threads: int | None = option(None, "torch CPU threads of the engine", flag="threads")
     backend: str = option("auto", "kernels: auto is triton on CUDA, else torch", choices=("auto", "torch", "triton"))
+    tensor_parallel_size: int = option(1, "processes to split the model across (heads and MLP), over torch.distributed")
     enable_cuda_graphs: bool = option(True, "decode steps as CUDA graphs on a GPU (off: eager)")
     compile_model: bool = option(False, "decode steps through torch.compile (torch backend; compiles at start)",
                                  flag="compile")  # fmt: skip
@@ -124,6 +130,12 @@ class EngineConfig:
         _positive(self, "max_num_batched_tokens", self.max_num_batched_tokens)
         _positive(self, "num_threads", self.num_threads, optional=True)
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
+        _positive(self, "tensor_parallel_size", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and (self.compile_model or self.speculative_config is not None):
+            raise ValueError(
+                "tensor_parallel_size > 1 runs eager decode steps without speculative decoding for now: "
+                "drop compile_model and speculative_config, or use tensor_parallel_size=1"
+            )
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
         _ = self.quant_scheme  # likewise an impossible quantization
         from minserve.model.kv_quant import check_kv_cache_dtype

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import MISSING, Field, fields
 
 # The groups of engine fields the commands take.
-ENGINE_MODEL = ("model", "dtype", "quantization", "quant_group_size", "kv_cache_dtype", "device", "backend")
+ENGINE_MODEL = ("model", "dtype", "quantization", "quant_group_size", "kv_cache_dtype", "device", "backend",
+                "tensor_parallel_size")  # fmt: skip
 ENGINE_SCHEDULING = (
     "max_model_len",
     "block_size",

@@ -158,3 +158,15 @@ def test_an_int4_layer_packed_for_one_device_refuses_to_run_on_another():
     on_meta = formats.QuantizedWeight("int4", q.codes.to("meta"), q.scales.to("meta"), q.zeros.to("meta"), 32)
     with pytest.raises(RuntimeError, match="packed for a GPU"):
         QUANTIZED_LINEARS["int4"](on_meta, None)(torch.randn(2, 64))
+
+
+def test_an_int8_layer_whose_inputs_are_not_a_multiple_of_16_still_equals_its_widened_weight():
+    """torch's CPU int8 kernel reads a row 16 inputs at a time (a 344-wide tensor-parallel shard of the tiny
+    model's MLP crashed it): such a layer is padded with zero columns, and must give the same product."""
+    torch.manual_seed(0)
+    linear = nn.Linear(344, 64, bias=False)
+    module = QUANTIZED_LINEARS["int8"](quantize(linear.weight.detach(), "int8"), None)
+    x = torch.randn(12, 344)
+    expected = F.linear(x.to(ACTIVATION_DTYPE).float(), module.dequantized_weight())
+    torch.testing.assert_close(module(x), expected, rtol=2e-2, atol=2e-2)
+    assert module.dequantized_weight().shape == (64, 344)

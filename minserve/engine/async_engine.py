@@ -165,8 +165,11 @@ class AsyncLLMEngine:
         """Spawn a core process and wait until it has loaded the model; ``ValueError`` if it cannot."""
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or CUDA state forked
         self._conn, child_conn = context.Pipe()
+        # A daemonic process may not start processes of its own, and a tensor-parallel core starts its ranks.
+        # Either way the core ends with the front end: its pipe closes, and it returns.
+        daemon = self.config.tensor_parallel_size == 1
         self._process = context.Process(
-            target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=True
+            target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=daemon
         )
         self._process.start()
         child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF

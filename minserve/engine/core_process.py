@@ -98,6 +98,8 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
         _serve(engine, conn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the front end is gone: so is the reason to run
+    finally:
+        engine.shutdown()  # a tensor-parallel engine's ranks stop with it
 
 
 def _serve(engine: LLMEngine, conn: Connection) -> None:

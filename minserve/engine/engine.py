@@ -19,6 +19,7 @@ from minserve.engine.core import EngineCore, EngineStats, WallClock
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.model_runner import ModelRunner
+from minserve.engine.model_setup import build_model, kv_scales
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.preemption import make_preemption
 from minserve.engine.sampler import make_generator
@@ -26,11 +27,11 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
-from minserve.model.backends import resolve_backend
-from minserve.model.kv_quant import CALIBRATION_TOKENS, calibrate_kv_scales, calibration_text, resolve_kv_cache_dtype
-from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
+from minserve.engine.tensor_parallel import ParallelGroup
+from minserve.model.kv_quant import resolve_kv_cache_dtype
+from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
-from minserve.quant.swap import quantize_model
+from minserve.parallel import check_tensor_parallel
 from minserve.trace import Tracer
 
 Prompt = str | list[int]
@@ -47,19 +48,23 @@ class LLMEngine:
         self.device = _resolve_device(config.device)
         self.tokenizer = Tokenizer(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
-        self.model = load_model(self.model_dir, self.dtype, self.device)
-        if config.quant_scheme is not None:
-            quantize_model(self.model, config.quant_scheme, self.model_dir, self._calibration_ids())
-        self.model.set_backend(resolve_backend(config.backend, self.device))
+        # Tensor parallelism: the other ranks start now and build their shards beside this one's.
+        self.parallel = None
+        if config.tensor_parallel_size > 1:
+            check_tensor_parallel(load_config(self.model_dir), config.tensor_parallel_size)  # before any rank starts
+            self.parallel = ParallelGroup.start(config, self.device)
+        comm = None if self.parallel is None else self.parallel.comm
+        self.model = build_model(config, self.model_dir, self.device, self.dtype, self.tokenizer, comm)
         self.model_config = self.model.config
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-        self.kv_scales = self._calibrated_kv_scales()
+        self.kv_scales = kv_scales(self.model, self.tokenizer, self.kv_cache_dtype, self.device)
         model_limit = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.scheduler_config = self._scheduler_config()
         num_blocks, num_cpu_blocks = self.scheduler_config.num_kv_blocks, self.scheduler_config.host_blocks
-        self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, num_cpu_blocks, self.kv_cache_dtype, self.kv_scales
+        cache = (num_blocks, config.block_size, num_cpu_blocks, self.kv_cache_dtype, self.kv_scales)
+        self.runner = (
+            ModelRunner(self.model, *cache) if self.parallel is None else self.parallel.runner(self.model, *cache)
         )
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         if uses_cuda_graphs(config, self.device, self.model.backend.name):
@@ -175,23 +180,12 @@ class LLMEngine:
         return SchedulerConfig.of(c, num_kv_blocks=num_blocks, max_model_len=self.max_model_len,
                                   num_cpu_blocks=host_blocks)  # fmt: skip
 
-    def _calibrated_kv_scales(self) -> list[torch.Tensor] | None:
-        """An 8-bit cache's per-head scales, measured on a calibration text; None for a 16/32-bit cache."""
-        if self.kv_cache_dtype == self.dtype:
-            return None
-        return calibrate_kv_scales(self.model, self._calibration_ids(), self.kv_cache_dtype)
-
-    def _calibration_ids(self) -> torch.Tensor:
-        """What activation-aware int4 and an 8-bit cache's scales are measured on: the first
-        ``CALIBRATION_TOKENS`` of a text no quality measurement scores (:func:`calibration_text`)."""
-        token_ids = self.tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
-        return torch.tensor(token_ids, device=self.device)
-
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token takes, every layer, in the cache's element type."""
+        """KV-cache bytes one token takes, every layer, in the cache's element type, in this process (under
+        tensor parallelism a rank holds only its KV heads: the same memory a rank has holds n× the tokens)."""
         c = self.model_config
         element_bytes = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return 2 * c.num_layers * c.num_kv_heads * c.head_dim * element_bytes
+        return 2 * c.num_layers * self.model.num_kv_heads * c.head_dim * element_bytes
 
     def kv_bytes_per_block(self) -> int:
         return self.kv_bytes_per_token() * self.config.block_size
@@ -231,6 +225,11 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return self.core.stats(kv_cache_bytes=self.runner.kv_cache_bytes)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (an engine dropped without this kills them instead)."""
+        if self.parallel is not None:
+            self.parallel.shutdown()
 
 
 def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -> bool:

@@ -44,7 +44,7 @@ class ModelRunner:
         config = model.config
         self.kv_cache_dtype = kv_cache_dtype or self.dtype
         self.kv_caches = allocate_kv_cache(
-            config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            config.num_layers, num_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
             self.device,
         )  # fmt: skip
         model.set_kv_caches(self.kv_caches, kv_scales)
@@ -54,7 +54,7 @@ class ModelRunner:
         self.sampling_started_s: float | None = None
         # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
         self.cpu_kv_caches = allocate_kv_cache(
-            config.num_layers, num_cpu_blocks, block_size, config.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            config.num_layers, num_cpu_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
             "cpu",
         ) if num_cpu_blocks else []  # fmt: skip
         if num_cpu_blocks and self.device.type == "cuda":
@@ -70,23 +70,30 @@ class ModelRunner:
         sampled from its last row), None where a prompt is unfinished, or the :class:`SamplingError` of a row
         that could not be sampled (that request fails; the others go on)."""
         input_ids, positions, meta = self.prepare(batch)
+        # The rows that give tokens: a sequence's last row, or with d drafts its last d + 1 (one per draft,
+        # and the bonus position after them).
+        row_counts = [1 + len(seq.draft_token_ids) if end else 0 for seq, end in zip(batch.seqs, batch.samples)]
+        rows = [row for last, count in zip(last_token_rows(meta.query_lens), row_counts) for row in
+                range(last - count + 1, last + 1)]  # fmt: skip
+        logits = self.logits(input_ids, positions, meta, rows)
+        if self.time_sampling:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.sampling_started_s = time.perf_counter()
+        return self._tokens(batch, logits, row_counts) if logits is not None else [None] * len(batch.seqs)
+
+    def logits(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, rows: list[int]
+    ) -> torch.Tensor | None:
+        """One forward pass over the step's tokens and the ``[len(rows), vocab]`` logits of ``rows`` (None if
+        no row samples): everything but sampling, the part every tensor-parallel rank runs."""
         if self.graphs is not None and self.graphs.can_run(meta):
             hidden = self.graphs.run(input_ids, positions, meta)
         elif self.compiled is not None and self.compiled.can_run(meta):
             hidden = self.compiled.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, meta)
-        # The rows that give tokens: a sequence's last row, or with d drafts its last d + 1 (one per draft,
-        # and the bonus position after them).
-        row_counts = [1 + len(seq.draft_token_ids) if end else 0 for seq, end in zip(batch.seqs, batch.samples)]
-        rows = [row for last, count in zip(last_token_rows(meta.query_lens), row_counts) for row in
-                range(last - count + 1, last + 1)]  # fmt: skip
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
-        if self.time_sampling:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.sampling_started_s = time.perf_counter()
-        return self._tokens(batch, logits, row_counts) if logits is not None else [None] * len(batch.seqs)
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
 
     def _tokens(
         self, batch: ScheduledBatch, logits: torch.Tensor, row_counts: list[int]

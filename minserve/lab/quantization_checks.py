@@ -69,7 +69,9 @@ def check_activation_aware(
     than round-to-nearest at the same bits (``plain``), with a perplexity no higher: the search found the
     columns worth protecting, and folding their scales into the norms changed nothing else."""
     kl = quality["KL (nats/token)"]
-    _require(kl[aware] * gain <= kl[plain], f"{aware} KL {kl[aware]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}")
+    _require(
+        kl[aware] * gain <= kl[plain], f"{aware} KL {kl[aware]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}"
+    )
     perplexity = quality["perplexity"]
     _require(perplexity[aware] <= perplexity[plain], f"{aware} perplexity {perplexity[aware]:.2f} > {plain}'s")
     return {aware: float(kl[aware]), plain: float(kl[plain]), "KL ratio": float(kl[plain] / kl[aware])}

@@ -179,6 +179,11 @@ class LlamaForCausalLM(nn.Module):
     def backend(self) -> TorchBackend:
         return self.norm.backend
 
+    @property
+    def num_kv_heads(self) -> int:
+        """The KV heads this process holds and caches: the config's, or a tensor-parallel rank's share."""
+        return self.layers[0].self_attn.num_kv_heads
+
     def set_kv_caches(self, kv_caches: list[torch.Tensor] | None, kv_scales: list[torch.Tensor] | None = None) -> None:
         """Hand each layer its slice of the paged KV cache (or take the caches away with None), and with an
         8-bit cache each layer's ``[2, num_kv_heads]`` scales."""

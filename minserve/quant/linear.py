@@ -35,6 +35,7 @@ from torch import nn
 from minserve.quant.formats import QuantizedWeight, quantize
 
 ACTIVATION_DTYPE = torch.bfloat16  # what the CPU packed kernels take
+INT8_INPUT_TILE = 16  # the CPU int8 kernel's stride through a row of inputs
 INT4_INNER_K_TILES = 1  # the CPU int4 packing's tile count (any of 1, 2, 4 works on these shapes)
 
 
@@ -81,19 +82,27 @@ class Int8Linear(QuantizedLinear):
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
         super().__init__(weight, bias)
-        self.register_buffer("codes", weight.codes.contiguous())
+        codes = weight.codes.contiguous()
+        # The CPU kernel reads the inputs 16 at a time and runs past the end of a row that is not a multiple
+        # of 16 (a segfault, in torch 2.13): such a weight gets zero columns, and the input zeros to match.
+        self.input_padding = -self.in_features % INT8_INPUT_TILE if codes.device.type == "cpu" else 0
+        self.register_buffer("codes", F.pad(codes, (0, self.input_padding)) if self.input_padding else codes)
         self.register_buffer("scales", weight.scales.to(ACTIVATION_DTYPE))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":
-            return torch.ops.aten._weight_int8pack_mm(x.to(ACTIVATION_DTYPE), self.codes, self.scales).to(x.dtype)
+            x16 = (
+                F.pad(x.to(ACTIVATION_DTYPE), (0, self.input_padding)) if self.input_padding else x.to(ACTIVATION_DTYPE)
+            )
+            return torch.ops.aten._weight_int8pack_mm(x16, self.codes, self.scales).to(x.dtype)
         kernels = _triton_kernels() if x.is_cuda else None
         if kernels is not None:
             return kernels.w8a16_matmul(x, self.codes, self.scales)
         return F.linear(x, self.dequantized_weight(x.dtype))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.codes.float() * self.scales.float()[:, None]).to(dtype)
+        codes = self.codes[:, : self.in_features]
+        return (codes.float() * self.scales.float()[:, None]).to(dtype)
 
 
 class Int4Linear(QuantizedLinear):

@@ -174,8 +174,12 @@ def layer_formats(model: nn.Module) -> dict[str, str]:
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` where ``name`` is. It takes over the old layer's forward hooks: a tensor-parallel
+    layer's collective rides on one (:mod:`minserve.parallel.sharding`), and must survive quantization."""
     parent_name, _, leaf = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
+    for hook in getattr(parent, leaf)._forward_hooks.values():
+        module.register_forward_hook(hook)
     setattr(parent, leaf, module)  # the old Linear (and its float weight, unless tied) is released
 
 

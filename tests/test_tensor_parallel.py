@@ -1,0 +1,94 @@
+"""Tensor parallelism in the engine: two processes over gloo give one process's greedy tokens exactly (float32),
+with prefix hits, chunked prefill and preemption; nothing leaks; a dead rank fails loudly, not by hanging."""
+
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from minserve import LLM, SamplingParams
+from minserve.engine.tensor_parallel import RankFailure
+
+PREFIX = "def fibonacci(n):\n    " * 6  # shared by several prompts: prefix-cache hits
+PROMPTS = [PREFIX + "return", PREFIX + "if n", "import os\n\n\ndef walk(path):", "class Stack:\n" * 12, "The quick"]
+GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+# Small steps and a small cache: long prompts are prefilled in chunks, and sequences are preempted.
+TIGHT = {"dtype": "float32", "max_num_batched_tokens": 32, "num_kv_blocks": 14, "enable_tracing": False}
+
+
+@pytest.fixture(scope="module")
+def one_process_tokens():
+    return [o.token_ids for o in LLM(**TIGHT).generate(PROMPTS, GREEDY)]
+
+
+def test_two_ranks_give_one_process_greedy_tokens_with_prefix_hits_chunks_and_preemption(one_process_tokens):
+    llm = LLM(tensor_parallel_size=2, **TIGHT)
+    try:
+        outs = llm.generate(PROMPTS, GREEDY)
+        assert [o.token_ids for o in outs] == one_process_tokens
+        stats = llm.stats()
+        assert stats["kv_blocks_used"] == 0
+        assert stats["prefix_cache_hit_rate"] > 0 and stats["num_preemptions"] > 0
+        # each rank holds half the KV heads: the same blocks take half the bytes
+        assert llm.engine.kv_bytes_per_token() * 2 == LLM(**TIGHT).engine.kv_bytes_per_token()
+        workers = llm.engine.parallel.workers
+    finally:
+        llm.engine.shutdown()
+    assert [w.exitcode for w in workers] == [0]
+
+
+def test_a_rank_that_dies_fails_the_engine_with_a_clear_error():
+    llm = LLM(tensor_parallel_size=2, **TIGHT)
+    worker = llm.engine.parallel.workers[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    with pytest.raises(RankFailure, match=r"rank\(s\) \{1: -9\}.*start a new one"):
+        llm.generate(PROMPTS[:2], GREEDY)
+    with pytest.raises(RankFailure):  # and at once afterwards, without waiting on a timeout
+        llm.generate(PROMPTS[:1], GREEDY)
+    llm.engine.shutdown()
+    assert not worker.is_alive()
+
+
+def test_a_size_that_does_not_divide_the_heads_fails_before_any_rank_starts():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 does not divide.*sizes that work: 1, 2"):
+        LLM(tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="compile_model and speculative_config"):
+        LLM(tensor_parallel_size=2, compile_model=True)
+
+
+def test_minserve_serve_with_two_ranks_answers_an_openai_client_as_one_process_does():
+    import openai
+
+    from minserve.serve.launch import ServerProcess
+
+    reference = LLM(dtype="float32").generate(["def fibonacci(n):"], SamplingParams(max_tokens=12, temperature=0))
+    with ServerProcess(["--tensor-parallel-size", "2", "--dtype", "float32"]) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        reply = client.completions.create(model="minserve-tiny", prompt="def fibonacci(n):", max_tokens=12,
+                                          temperature=0)  # fmt: skip
+        started = _descendants_of(server.pid)
+    assert reply.choices[0].text == reference[0].text
+    assert len(started) >= 2  # the engine core, and the rank it started
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker takes a moment to notice
+    while (left := [pid for pid in started if pathlib.Path(f"/proc/{pid}").exists()]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left  # the core, its rank and the tracker all stopped with the server
+
+
+def _descendants_of(pid: int) -> list[int]:
+    """Processes still running whose parent chain reaches ``pid`` (from /proc: Linux)."""
+    parents = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += frontier
+    return found
