@@ -59,7 +59,7 @@ def _tile_dot(x, w, DOT_FP32: tl.constexpr):
 
 @triton.jit
 def _w8a16_kernel(
-    x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, K,
+    x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, K, codes_row_stride,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -70,7 +70,8 @@ def _w8a16_kernel(
         ks = k_start + tl.arange(0, BLOCK_K)
         k_in = ks < K  # a ragged last step: zeros beyond K add nothing to the dot
         x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=row_in[:, None] & k_in[None, :], other=0.0)
-        codes = tl.load(codes_ptr + cols[None, :] * K + ks[:, None], mask=k_in[:, None] & col_in[None, :], other=0)
+        code_ptrs = codes_ptr + cols[None, :] * codes_row_stride + ks[:, None]
+        codes = tl.load(code_ptrs, mask=k_in[:, None] & col_in[None, :], other=0)
         acc += _tile_dot(x, codes, DOT_FP32)
     scales = tl.load(scales_ptr + cols, mask=col_in, other=0.0).to(tl.float32)
     out = acc * scales[None, :]  # one scale per output channel: once, after the whole sum
@@ -104,10 +105,13 @@ def _w4a16_kernel(
 
 def w8a16_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """``x [M, K]`` (float16, bfloat16, float32) times the int8 weight ``codes [N, K]`` with one scale per
-    output channel ``scales [N]`` (any float dtype): ``[M, N]`` in x's dtype, ``x @ (codes · scales[:, None])ᵀ``."""
+    output channel ``scales [N]`` (any float dtype): ``[M, N]`` in x's dtype, ``x @ (codes · scales[:, None])ᵀ``.
+    ``codes`` may be a view of wider rows (a CPU-padded weight's first K columns): it is read in place."""
     check_device(x, codes, scales)
     _check_activations(x, "w8a16_matmul")
     (M, K), N = x.shape, codes.shape[0]
+    if codes.stride(-1) != 1:
+        codes = codes.contiguous()
     if codes.dtype != torch.int8 or codes.shape != (N, K):
         raise ValueError(
             f"w8a16_matmul: codes must be int8 [N, K={K}] (K from x's last dimension), got {codes.dtype} "
@@ -121,7 +125,7 @@ def w8a16_matmul(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> 
     block_m, block_n, block_k = _tiles(x)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     _w8a16_kernel[grid](
-        x.contiguous(), codes.contiguous(), scales.contiguous(), out, M, N, K,
+        x.contiguous(), codes, scales.contiguous(), out, M, N, K, codes.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_FP32=_dot_fp32(x),
     )  # fmt: skip
     return out

@@ -40,9 +40,10 @@ def random_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
 
 
 def int8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``codes [n, k]`` int8 and ``scales [n]`` bfloat16, as :class:`Int8Linear` holds them."""
+    """``codes [n, k]`` int8 and ``scales [n]`` bfloat16, as :class:`Int8Linear` passes them to the kernel: built
+    on the CPU, a ``k`` that is no multiple of 16 is padded, and the kernel reads a view of the first ``k``."""
     layer = Int8Linear(quantize(random_weight(n, k), "int8"), None)
-    return layer.codes.to(DEVICE), layer.scales.to(DEVICE)
+    return layer.codes.to(DEVICE)[:, :k], layer.scales.to(DEVICE)
 
 
 def int4_layout(q: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -97,7 +97,7 @@ class Int8Linear(QuantizedLinear):
             return torch.ops.aten._weight_int8pack_mm(x16, self.codes, self.scales).to(x.dtype)
         kernels = _triton_kernels() if x.is_cuda else None
         if kernels is not None:
-            return kernels.w8a16_matmul(x, self.codes, self.scales)
+            return kernels.w8a16_matmul(x, self.codes[:, : self.in_features], self.scales)  # padded on a CPU
         return F.linear(x, self.dequantized_weight(x.dtype))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
