@@ -1,4 +1,4 @@
-"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``bench``, ``plan``, ``models``, ``grade``.
+"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``route``, ``bench``, ``plan``, ``models``, ``grade``.
 
 Every subcommand has ``--help``. Each lives in a small function so that adding one is adding a function.
 """
@@ -13,11 +13,12 @@ from pathlib import Path
 
 from minserve import slo
 from minserve.config import EngineConfig, ServerConfig
-from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, config_options
+from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, config_argv, config_options
 from minserve.grade import add_grade_command
 from minserve.model.config import ModelConfig
 from minserve.model.loader import EMBEDDED_MODELS
 from minserve.quality.perplexity import DEFAULT_WINDOW_TOKENS
+from minserve.serve.routing import RouterConfig  # the router's settings: no HTTP library loads
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,10 +174,48 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     options["enable_tracing"] = args.trace_out is not None or options["enable_tracing"]  # a trace wants events
     if options.get("num_threads") is None:
         options["num_threads"] = _default_server_threads(args.device)
-    server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS)
+    server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS + SERVE_OVERLOAD_FIELDS)
     server["api_key"] = server.get("api_key") or os.environ.get("MINSERVE_API_KEY")
     serve(EngineConfig(**options), ServerConfig(**server), log_level=args.log_level)
     return 0
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    """Route requests across several `minserve serve` replicas (data parallelism): running ones given with
+    --replica URL, and/or --replicas N started here with the model and engine flags below."""
+    from contextlib import ExitStack
+
+    from minserve.serve.launch import start_servers
+    from minserve.serve.router import route
+
+    config = RouterConfig(**config_options(args, RouterConfig, ROUTE_FIELDS))
+    serve_argv = _replica_serve_argv(args)
+    with ExitStack() as stack:
+        servers = start_servers(args.replicas, serve_argv, args.model) if args.replicas else []
+        for server in servers:
+            stack.callback(server.stop)
+        urls = [*(args.replica or []), *(server.url for server in servers)]
+        print(
+            f"routing {config.policy} over {len(urls)} replicas ({', '.join(urls)}) at http://{config.host}:{config.port}"
+        )
+        route(urls, config, log_level=args.log_level)
+    return 0
+
+
+def _replica_serve_argv(args: argparse.Namespace) -> list[str]:
+    """What each replica started here gets: the model and engine flags given to ``route`` (the model goes on
+    its own), and on a CPU, unless --threads says otherwise, the cores but one shared between the replicas."""
+    argv = config_argv(args, EngineConfig, ROUTE_REPLICA_FIELDS)
+    if args.replicas < 0:
+        raise ValueError(f"--replicas must be ≥ 0, got {args.replicas}")
+    if not args.replicas:
+        if argv or args.model != EngineConfig.model:
+            raise ValueError("model and engine flags are for replicas started here: add --replicas N")
+        return argv
+    threads = _default_server_threads(args.device) if args.num_threads is None else None
+    if threads is not None:
+        argv += ["--threads", str(max(1, threads // args.replicas))]
+    return argv
 
 
 def _default_server_threads(device: str) -> int | None:
@@ -204,6 +243,13 @@ def _cmd_perplexity(args: argparse.Namespace) -> int:
         f"{result.scored_tokens:,} tokens of pydoc_data.topics, {result.windows} windows of {args.window_tokens}"
     )
     return 0
+
+
+def _plot_capacity(envelope: object, path: Path) -> Path:
+    """``minserve plan capacity --plot``: the lab draws the chart (the capacity layer below it has no plotting)."""
+    from minserve.lab.capacity_planner import save_attainment_chart
+
+    return save_attainment_chart(envelope, path)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -247,8 +293,16 @@ SERVE_ENGINE_FIELDS = (
     "num_threads",
     "speculative_config",
 )
+# What `minserve route` takes: its own settings, and the engine's for the replicas it starts.
+ROUTE_FIELDS = ("host", "port", "policy", "prefix_chars", "max_imbalance", "health_interval_s", "health_timeout_s",
+                "unhealthy_after", "max_retries", "request_timeout_s", "retry_after_s", "max_body_bytes")  # fmt: skip
+ROUTE_REPLICA_FIELDS = tuple(name for name in SERVE_ENGINE_FIELDS if name != "model")
 SERVE_SERVER_FIELDS = ("host", "port", "api_key", "max_waiting_requests", "request_timeout_s",
                        "default_max_tokens", "trace_out")  # fmt: skip
+# Chapter 09: who is refused at once (429), and what changes under heavy load.
+SERVE_OVERLOAD_FIELDS = ("admission", "max_queued_prompt_tokens", "ttft_slo_ms", "retry_after_s",
+                         "degrade_enter_requests", "degrade_exit_requests", "degraded_max_tokens",
+                         "degraded_max_model_len", "degraded_no_speculation")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,9 +333,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", description=_cmd_serve.__doc__)
     _add_model_arguments(serve)
     add_config_flags(serve.add_argument_group("server"), ServerConfig, SERVE_SERVER_FIELDS)
+    overload = serve.add_argument_group("admission and degraded modes (chapter 09)")
+    add_config_flags(overload, ServerConfig, SERVE_OVERLOAD_FIELDS)
     add_config_flags(serve.add_argument_group("engine"), EngineConfig, SERVE_ENGINE_FIELDS[len(ENGINE_MODEL) :])
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(run=_cmd_serve)
+
+    router = commands.add_parser(
+        "route", help="a router in front of several servers (data parallelism)", description=_cmd_route.__doc__
+    )
+    replicas = router.add_argument_group("replicas")
+    replicas.add_argument("--replica", action="append", metavar="URL", help="a running server's base URL (repeatable)")
+    replicas.add_argument("--replicas", type=int, default=0, metavar="N", help="start N `minserve serve` here")
+    add_config_flags(router.add_argument_group("router"), RouterConfig, ROUTE_FIELDS)
+    _add_model_arguments(router.add_argument_group("replicas started here (--replicas N): model"))
+    add_config_flags(
+        router.add_argument_group("replicas started here: engine"),
+        EngineConfig,
+        SERVE_ENGINE_FIELDS[len(ENGINE_MODEL) :],
+    )
+    router.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    router.set_defaults(run=_cmd_route)
 
     ppl = commands.add_parser("perplexity", help="perplexity on held-out text", description=_cmd_perplexity.__doc__)
     _add_model_arguments(ppl)
@@ -300,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_command(commands)
     from minserve.capacity.cli import add_plan_command  # `minserve plan`: capacity arithmetic, no model loaded
 
-    add_plan_command(commands)
+    add_plan_command(commands, plot_capacity=_plot_capacity)
     return parser
 
 

@@ -81,6 +81,13 @@ class EngineConfig:
     each holds its share of the attention heads, KV heads and MLP, and the engine's process schedules and
     samples for all. gloo carries the collectives on the CPU, NCCL on GPUs (one per rank). A script that
     starts one needs Python's ``if __name__ == "__main__":`` guard, as any that spawns processes does.
+    ``enable_expert_parallel`` (a mixture-of-experts model, with ``tensor_parallel_size > 1``) gives each rank
+    whole experts, ``num_experts / tensor_parallel_size`` of them, instead of a slice of every expert; tokens
+    travel to their experts' ranks by all-to-all (:mod:`minserve.parallel.expert_parallel`).
+    ``pipeline_parallel_size`` splits the model's layers across that many processes instead, one stage each
+    (:mod:`minserve.engine.pipeline_parallel`); each step's batch is split into ``num_micro_batches`` (by
+    default one per stage) so that the stages work at once. Decode steps run eager (no CUDA graphs). One kind
+    of parallelism at a time, for now.
 
     ``num_threads`` sets torch's CPU threads for the process the engine runs in (default: torch's choice,
     one per core). On a small CPU shared with other busy processes (an HTTP front end, a load tester), fewer
@@ -113,6 +120,12 @@ class EngineConfig:
     num_threads: int | None = option(None, "torch CPU threads of the engine", flag="threads")
     backend: str = option("auto", "kernels: auto is triton on CUDA, else torch", choices=("auto", "torch", "triton"))
     tensor_parallel_size: int = option(1, "processes to split the model across (heads and MLP), over torch.distributed")
+    enable_expert_parallel: bool = option(False, "MoE: each rank holds whole experts (tokens sent by all-to-all) "
+                                          "instead of a slice of every expert")  # fmt: skip
+    pipeline_parallel_size: int = option(1, "processes to split the model's layers across (stages), over "
+                                         "torch.distributed")  # fmt: skip
+    num_micro_batches: int | None = option(None, "pipeline parallelism: micro-batches a step's batch is split "
+                                           "into (default: one per stage)")  # fmt: skip
     enable_cuda_graphs: bool = option(True, "decode steps as CUDA graphs on a GPU (off: eager)")
     compile_model: bool = option(False, "decode steps through torch.compile (torch backend; compiles at start)",
                                  flag="compile")  # fmt: skip
@@ -131,16 +144,43 @@ class EngineConfig:
         _positive(self, "num_threads", self.num_threads, optional=True)
         _positive(self, "swap_space_bytes", self.swap_space_bytes, minimum=0, optional=True)
         _positive(self, "tensor_parallel_size", self.tensor_parallel_size)
-        if self.tensor_parallel_size > 1 and (self.compile_model or self.speculative_config is not None):
+        _positive(self, "pipeline_parallel_size", self.pipeline_parallel_size)
+        _positive(self, "num_micro_batches", self.num_micro_batches, optional=True)
+        self._check_parallelism()
+        if self.enable_expert_parallel and self.tensor_parallel_size == 1:
             raise ValueError(
-                "tensor_parallel_size > 1 runs eager decode steps without speculative decoding for now: "
-                "drop compile_model and speculative_config, or use tensor_parallel_size=1"
+                "enable_expert_parallel splits the experts across the tensor-parallel ranks: set "
+                "tensor_parallel_size > 1 (one process holds every expert anyway)"
             )
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
         _ = self.quant_scheme  # likewise an impossible quantization
         from minserve.model.kv_quant import check_kv_cache_dtype
 
         check_kv_cache_dtype(self.kv_cache_dtype)
+
+    def _check_parallelism(self) -> None:
+        """Refuse what the parallel engines cannot do yet, saying what to change."""
+        parallel = [name for name in ("tensor_parallel_size", "pipeline_parallel_size") if getattr(self, name) > 1]
+        if len(parallel) > 1:
+            raise ValueError(
+                "tensor_parallel_size and pipeline_parallel_size cannot both be > 1 yet: split the model one way "
+                "(set the other to 1)"
+            )
+        if parallel and (self.compile_model or self.speculative_config is not None):
+            raise ValueError(
+                f"{parallel[0]} > 1 runs eager decode steps without speculative decoding for now: "
+                f"drop compile_model and speculative_config, or use {parallel[0]}=1"
+            )
+        if self.num_micro_batches is not None and self.pipeline_parallel_size == 1:
+            raise ValueError(
+                "num_micro_batches splits each step between pipeline stages: set pipeline_parallel_size > 1, "
+                "or leave num_micro_batches unset"
+            )
+
+    @property
+    def world_size(self) -> int:
+        """The processes the engine runs in: one, or one per tensor-parallel rank or pipeline stage."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def quant_scheme(self) -> QuantScheme | None:
@@ -249,8 +289,18 @@ def _positive(config: object, name: str, value: object, minimum: int = 1, option
 class ServerConfig:
     """The HTTP server's limits. Times in seconds, sizes in bytes.
 
-    Past ``max_waiting_requests`` queued requests, new ones get 429 with ``Retry-After: retry_after_s``.
-    A request running longer than ``request_timeout_s`` is cancelled. A chat request that sends no
+    ``admission`` decides which requests are refused at once with 429 (:mod:`minserve.serve.admission`):
+    ``"queue-length"`` (past ``max_waiting_requests`` waiting), ``"token-budget"`` (past
+    ``max_queued_prompt_tokens`` prompt tokens queued) or ``"deadline"`` (a predicted time to first token
+    over ``ttft_slo_ms``, or over the request's own timeout); the last two keep the queue-length limit
+    too. Or an :class:`~minserve.serve.admission.AdmissionPolicy` object, the whole policy (chapter 09's
+    exercise). A 429's ``Retry-After`` is predicted from the queue, at least ``retry_after_s``.
+    A request running longer than ``request_timeout_s``, or than the timeout it sends itself (body
+    ``timeout`` or header ``X-Request-Timeout``, seconds, capped by ``request_timeout_s``), is stopped (504).
+    Degraded modes (:mod:`minserve.serve.degrade`) turn on when ``degrade_enter_requests`` requests are in
+    the server and off when no more than ``degrade_exit_requests`` (default: half as many) remain: a
+    ``degraded_max_tokens`` cap, a shorter context ``degraded_max_model_len`` (longer prompts get 429), and
+    with ``degraded_no_speculation`` speculative decoding off. A chat request that sends no
     ``max_tokens`` gets ``default_max_tokens`` (or what is left of the context, if less); a completion
     request gets 16, as OpenAI's API does. A request body over ``max_body_bytes`` is refused (413) while it
     is being read, whatever its framing. On shutdown, running requests get up to ``shutdown_drain_s`` to
@@ -261,10 +311,21 @@ class ServerConfig:
     host: str = option("127.0.0.1", "address to bind; 127.0.0.1 is loopback only")
     port: int = option(8000, "TCP port")
     api_key: str | None = option(None, "require this bearer token (or set MINSERVE_API_KEY)")
-    max_waiting_requests: int = option(256, "past this queue length: 429")
+    # A name, or an AdmissionPolicy object (chapter 09's exercise plugs one in). Checked by the server (it
+    # lives a layer above the engine, which imports this module): minserve.serve.admission.make_admission.
+    admission: str | object = option("queue-length", "which requests get 429 at once: queue-length, "
+                                     "token-budget or deadline")  # fmt: skip
+    max_waiting_requests: int = option(256, "past this queue length: 429 (under every --admission)")
+    max_queued_prompt_tokens: int = option(32768, "--admission token-budget: past this many queued prompt tokens: 429")
+    ttft_slo_ms: float = option(1000.0, "--admission deadline: 429 when the predicted TTFT is over this, ms")
     request_timeout_s: float = option(600.0, "a request running longer is cancelled (504)")
     default_max_tokens: int = option(512, "a chat request's max_tokens when it sends none")
-    retry_after_s: int = option(1, "the Retry-After of a 429 or 503, seconds")
+    retry_after_s: int = option(1, "the Retry-After of a 503, and the least of a 429's, seconds")
+    degrade_enter_requests: int | None = option(None, "degraded modes on at this many requests in the server")
+    degrade_exit_requests: int | None = option(None, "… and off again at this many (default: half as many)")
+    degraded_max_tokens: int | None = option(None, "degraded: cap each request's max_tokens at this")
+    degraded_max_model_len: int | None = option(None, "degraded: a shorter context, tokens (longer prompts: 429)")
+    degraded_no_speculation: bool = option(False, "degraded: speculative decoding off")
     max_body_bytes: int = option(4 * 2**20, "largest request body, bytes (413 past it)")
     shutdown_drain_s: float = option(30.0, "on shutdown, how long running requests may finish")
     trace_out: str | None = option(None, "on exit, write the engine's trace here (Perfetto JSON)")
@@ -276,3 +337,8 @@ class ServerConfig:
         _positive(self, "default_max_tokens", self.default_max_tokens)
         if not self.request_timeout_s > 0:
             raise ValueError(f"ServerConfig.request_timeout_s must be > 0, got {self.request_timeout_s!r}")
+        _positive(self, "max_queued_prompt_tokens", self.max_queued_prompt_tokens)
+        if not self.ttft_slo_ms > 0:
+            raise ValueError(f"ServerConfig.ttft_slo_ms must be > 0, got {self.ttft_slo_ms!r}")
+        _positive(self, "degrade_enter_requests", self.degrade_enter_requests, optional=True)
+        _positive(self, "degrade_exit_requests", self.degrade_exit_requests, minimum=0, optional=True)

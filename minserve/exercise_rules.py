@@ -35,6 +35,7 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "ch04": frozenset({STDLIB}),
     # The policy plugs into the real scheduler: its base class and the sequence type it reads, nothing else.
     "ch05": frozenset({STDLIB, "minserve.engine.policies", "minserve.engine.sequence"}),
+    "ch06": frozenset({STDLIB, "torch"}),  # not minserve.parallel, whose sharding is an answer
     "ch07": frozenset({STDLIB, "torch"}),  # not minserve.quant, whose formats.quantize_int4 is an answer
     "ch08": frozenset({STDLIB}),
     "ch10": frozenset({STDLIB}),

@@ -21,7 +21,8 @@ from dataclasses import MISSING, Field, fields
 
 # The groups of engine fields the commands take.
 ENGINE_MODEL = ("model", "dtype", "quantization", "quant_group_size", "kv_cache_dtype", "device", "backend",
-                "tensor_parallel_size")  # fmt: skip
+                "tensor_parallel_size", "enable_expert_parallel", "pipeline_parallel_size",
+                "num_micro_batches")  # fmt: skip
 ENGINE_SCHEDULING = (
     "max_model_len",
     "block_size",
@@ -53,9 +54,30 @@ def config_options(args: argparse.Namespace, config_cls: type, names: Sequence[s
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
+def config_argv(args: argparse.Namespace, config_cls: type, names: Sequence[str]) -> list[str]:
+    """The inverse of :func:`config_options`: those fields' values in ``args`` as command-line flags, the
+    ones left at their defaults (or unset) left out. What a command hands to the ``minserve serve`` it starts."""
+    by_name = {f.name: f for f in fields(config_cls)}
+    argv: list[str] = []
+    for name in names:
+        f, value = by_name[name], getattr(args, name, None)
+        if value is None or value == f.default:
+            continue
+        flag = _flag_name(f)
+        if f.type == "bool":  # it differs from the default: the switch is given
+            argv.append("--no-" + flag.removeprefix("enable-") if f.default else f"--{flag}")
+        else:
+            argv += [f"--{flag}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    return argv
+
+
+def _flag_name(f: Field) -> str:
+    return f.metadata.get("flag") or f.name.replace("_", "-")
+
+
 def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: Field, unset: bool) -> None:
     meta = f.metadata
-    flag = meta.get("flag") or f.name.replace("_", "-")
+    flag = _flag_name(f)
     default = None if unset or f.default is MISSING else f.default
     help_text = meta.get("help", "")
     if f.type == "bool":

@@ -3,7 +3,8 @@
 The engine records, per request: ``arrival``, a ``tokenize`` span (when the engine or ``LLM`` tokenized the
 prompt), ``tokenized``, ``queued``, ``scheduled`` (first time it runs), ``prefill`` spans (one per prompt chunk)
 and ``decode`` spans (one per step that produced a token; with speculative decoding, a decode that carried
-drafts has ``drafted`` and ``accepted`` counts) for the model's forward pass, a ``sample`` span for
+drafts has ``drafted`` and ``accepted`` counts; a model split across processes adds ``collective_s``, the
+forward's wait in all-reduces and all-gathers) for the model's forward pass, a ``sample`` span for
 each step that sampled it a token, a ``detokenize`` span for each token turned into text, ``first_token``,
 ``preempted`` (with its mode, recompute or swap) and ``resumed``, and one end event (:data:`END_EVENTS`):
 ``finished``, ``cancelled``, ``deadline`` or ``failed``. Times are seconds from ``time.perf_counter``; spans

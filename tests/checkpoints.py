@@ -1,5 +1,8 @@
 """Tiny random Hugging Face checkpoints, built offline with transformers, one per supported family.
 
+The mixtures of experts (Mixtral, Qwen3-MoE) have 4 experts, 2 per token; Qwen3-MoE once with every layer
+sparse and the top-k left as the softmax gave them, once with a dense first layer and the top-k renormalised.
+
 The tokenizer files are the embedded model's (vocab 2048), so every checkpoint is a complete, servable model
 directory, just with random weights.
 """
@@ -26,6 +29,8 @@ COMMON = dict(
     rms_norm_eps=1e-6,
 )
 
+QWEN3_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48}
+
 # name → (transformers config class name, extra config fields)
 FAMILIES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {"tie_word_embeddings": False}),
@@ -48,12 +53,19 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "mistral-sliding-window": ("MistralConfig", {"sliding_window": 8}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": True}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen3-moe": ("Qwen3MoeConfig", {"head_dim": 32, **QWEN3_MOE}),
+    "qwen3-moe-dense-first": ("Qwen3MoeConfig", {**QWEN3_MOE, "norm_topk_prob": True, "mlp_only_layers": [0]}),
 }
+MOE_FAMILIES = ("mixtral", "qwen3-moe", "qwen3-moe-dense-first")
+ROUTER_SCALE = 30.0  # random routers score every expert alike; scaled up, each token has clear favourites
 _MODEL_CLASSES = {
     "LlamaConfig": "LlamaForCausalLM",
     "MistralConfig": "MistralForCausalLM",
     "Qwen2Config": "Qwen2ForCausalLM",
     "Qwen3Config": "Qwen3ForCausalLM",
+    "MixtralConfig": "MixtralForCausalLM",
+    "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
 }
 
 
@@ -70,6 +82,8 @@ def build_hf_model(family: str, seed: int = 0):
         for name, param in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 param.add_(0.1 * torch.randn_like(param))
+            elif name.endswith("mlp.gate.weight"):  # a router: without this, near-ties between experts
+                param.mul_(ROUTER_SCALE)
     return model
 
 

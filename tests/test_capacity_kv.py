@@ -34,6 +34,8 @@ PUBLISHED_PARAMS = {
     "Mistral-7B": 7.24e9,
     "Qwen3-0.6B": 0.6e9,
     "Qwen3-8B": 8.2e9,
+    "Mixtral-8x7B": 46.7e9,  # every expert counts: they all take memory
+    "Qwen3-30B-A3B": 30.5e9,
 }
 LLAMA_3_8B = capacity.model_config("Llama-3-8B")
 
@@ -115,6 +117,34 @@ def test_parameter_estimate_is_exact_for_the_embedded_models(name):
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_parameter_estimate_matches_published_counts(name):
     assert capacity.estimate_params(capacity.model_config(name)) == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+@pytest.mark.parametrize("name, active", [("Mixtral-8x7B", 12.9e9), ("Qwen3-30B-A3B", 3.3e9)])
+def test_a_mixture_of_experts_multiplies_by_its_published_active_parameters(name, active):
+    config = capacity.model_config(name)
+    # A token multiplies by its top-k experts' weights, the router's and the head's, and looks up its embedding.
+    multiplied = capacity.flops_per_token(config) / 2 + config.vocab_size * config.hidden_size
+    assert multiplied == pytest.approx(active, rel=0.02)
+
+
+def test_a_batch_reads_more_experts_than_one_token_until_it_reads_them_all():
+    from minserve.capacity.roofline import experts_touched
+
+    config = capacity.model_config("Mixtral-8x7B")
+    assert experts_touched(config, 1) == pytest.approx(2)  # one token: its top-2
+    assert experts_touched(config, 64) == pytest.approx(8)  # a batch: nearly every expert
+    one, many = (capacity.decode_bytes(config, batch, 1) for batch in (1, 64))
+    weights = capacity.weights_bytes(config)
+    assert one < 0.35 * weights < 0.99 * weights < many - 64 * capacity.kv_bytes_per_token(config)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3-moe-dense-first"])
+def test_parameter_estimate_is_exact_for_a_mixture_of_experts_checkpoint(family):
+    from tests.checkpoints import build_hf_model
+
+    model = build_hf_model(family)
+    config = ModelConfig.from_hf(model.config.to_dict())
+    assert capacity.estimate_params(config) == sum(p.numel() for p in model.parameters())
 
 
 def test_tied_embeddings_drop_the_lm_head():

@@ -25,6 +25,7 @@ CHAPTERS = {
     "ch03": "ch03_triton.py",
     "ch04": "ch04_kv_cache.py",
     "ch05": "ch05_scheduling.py",
+    "ch06": "ch06_parallel.py",
     "ch07": "ch07_quantization.py",
     "ch08": "ch08_speculative.py",
     "ch10": "ch10_loadtest.py",

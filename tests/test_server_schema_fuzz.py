@@ -61,6 +61,9 @@ def map_body(context, body):
         for field in ("max_tokens", "max_completion_tokens"):
             if isinstance(body.get(field), int) and not isinstance(body[field], bool) and body[field] > MAX_TOKENS:
                 body[field] = MAX_TOKENS
+        timeout = body.get("timeout")  # a valid timeout of 5e-324 s is a 504 by design: give it time
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            body["timeout"] = 30
     return body
 
 

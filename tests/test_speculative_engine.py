@@ -10,7 +10,7 @@ import collections
 import httpx
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams
@@ -63,6 +63,22 @@ def test_the_trace_shows_each_decode_steps_drafts_and_what_was_kept():
     assert sum(e.args["accepted"] for e in speculated) == stats.num_accepted_tokens
     # Every output token after the first came from a decode step: one per step, plus the kept drafts.
     assert len(decodes) + stats.num_accepted_tokens == len(out.token_ids) - 1
+    # The request's own counts are the trace's, and its mean accepted length is tokens per verifying step.
+    m = out.metrics
+    assert (m.num_verify_steps, m.num_draft_tokens, m.num_accepted_tokens) == (
+        len(speculated), stats.num_draft_tokens, stats.num_accepted_tokens)  # fmt: skip
+    assert m.mean_accepted_length == 1 + m.num_accepted_tokens / len(speculated) > 1
+    assert m.acceptance_rate == stats.acceptance_rate == llm.stats()["acceptance_rate"]
+
+
+def test_each_request_counts_its_own_drafts_and_they_sum_to_the_engines():
+    llm = LLM(num_threads=1, speculative_config=ngram(3))
+    outs = llm.generate(PROMPTS, GREEDY)
+    stats = llm.engine.core.stats()
+    for name in ("num_verify_steps", "num_draft_tokens", "num_accepted_tokens"):
+        per_request = [getattr(out.metrics, name) for out in outs]
+        assert sum(per_request) == getattr(stats, name) > 0
+    assert len({out.metrics.num_accepted_tokens for out in outs}) > 1  # not one figure copied to each
 
 
 def test_drafts_stay_within_the_step_budget(plain):
@@ -97,7 +113,7 @@ def draft(k: int) -> dict:
     return {"method": "draft_model", "model": "minserve-tiny-draft", "num_speculative_tokens": k}
 
 
-@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("k", [1, 3, 5])
 def test_a_draft_model_with_its_own_kv_gives_plain_greedy_output(k):
     """Under chunked prefill and preemption too; the draft's blocks all come back, as the target's do."""
     tight = {"num_kv_blocks": 10, "max_num_batched_tokens": 32, "num_threads": 1}
@@ -199,6 +215,47 @@ def test_no_block_leaks_and_greedy_identity_on_random_workloads(plain, speculati
     assert manager.num_used_blocks == 0 and manager.num_free_blocks == manager.num_blocks
 
 
+@pytest.fixture(scope="module", params=["ngram", "draft model"])
+def tight_speculative(request) -> LLM:
+    """Too little KV for the workloads below: sequences are preempted (and their drafts' blocks with them)."""
+    proposal = ngram(3, max_n=2) if request.param == "ngram" else draft(3)
+    return LLM(num_threads=1, num_kv_blocks=8, max_num_batched_tokens=40, speculative_config=proposal)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(st.sampled_from(LINES), min_size=2, max_size=10),
+    max_tokens=st.lists(st.integers(1, 32), min_size=2, max_size=5),
+    cancels=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), max_size=3),
+)
+# Found by this test: a step that drops a sequence's drafts under memory pressure, and samples exactly its
+# first draft, left the draft model's shadow with nothing to run.
+@example(lines=["print(x)\n", "    return y\n", "x = 1\n", "    return y\n"] + ["def f():\n"] * 3,
+         max_tokens=[12, 14, 25, 19], cancels=[])  # fmt: skip
+def test_cancels_and_preemption_under_speculation_leak_no_block(plain, tight_speculative, lines, max_tokens, cancels):
+    """Requests cancelled at random steps, others preempted: every block of the target (and of a draft
+    model) comes back, and the requests left alone still give plain greedy output."""
+    engine = tight_speculative.engine
+    prompts = [PROMPTS[i % len(PROMPTS)] + "".join(lines[i:]) for i in range(len(max_tokens))]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in max_tokens]
+    ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+    finished, step = {}, 0
+    while engine.has_unfinished_requests():
+        for index, at_step in cancels:
+            if at_step == step and index < len(ids):
+                engine.abort_request(ids[index])
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+        step += 1
+    engine.core.block_manager.check_invariants(live=[])
+    assert engine.core.block_manager.num_used_blocks == 0
+    proposer_blocks = getattr(engine.core.proposer, "blocks", None)
+    assert proposer_blocks is None or proposer_blocks.num_used_blocks == 0
+    expected = plain.generate(prompts, params)
+    for request_id, reference in zip(ids, expected):
+        if finished[request_id].finish_reason != "cancelled":
+            assert finished[request_id].token_ids == reference.token_ids
+
+
 def test_a_stop_inside_an_accepted_run_ends_the_request_there(plain):
     llm = LLM(num_threads=1, speculative_config=ngram(5))
     [reference] = plain.generate(PROMPTS[0], GREEDY)
@@ -298,6 +355,9 @@ def test_the_server_speculates_and_reports_it_in_its_metrics(plain):
             _gauge(metrics, f"minserve:spec_decode_num_{name}_tokens") for name in ("draft", "accepted")
         )
         assert 0 < accepted < drafted
+        steps = _gauge(metrics, "minserve:spec_decode_num_drafts")
+        assert _gauge(metrics, "minserve:spec_decode_acceptance_rate") == pytest.approx(accepted / drafted)
+        assert _gauge(metrics, "minserve:spec_decode_mean_accepted_length") == pytest.approx(1 + accepted / steps)
     finally:
         server.stop()
 

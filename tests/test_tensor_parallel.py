@@ -24,10 +24,16 @@ def one_process_tokens():
 
 
 def test_two_ranks_give_one_process_greedy_tokens_with_prefix_hits_chunks_and_preemption(one_process_tokens):
-    llm = LLM(tensor_parallel_size=2, **TIGHT)
+    llm = LLM(tensor_parallel_size=2, **{**TIGHT, "enable_tracing": True})
     try:
+        llm.engine.parallel.comm.traffic.reset()
         outs = llm.generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == one_process_tokens
+        # The trace tells each step's wait in collectives; over the steps it is all the time rank 0 waited.
+        steps = {e.start_s: e.args["collective_s"] for e in llm.tracer.events if e.name in ("prefill", "decode")}
+        assert (
+            sum(steps.values()) == pytest.approx(llm.engine.parallel.comm.traffic.seconds) and min(steps.values()) > 0
+        )
         stats = llm.stats()
         assert stats["kv_blocks_used"] == 0
         assert stats["prefix_cache_hit_rate"] > 0 and stats["num_preemptions"] > 0
@@ -92,3 +98,22 @@ def _descendants_of(pid: int) -> list[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier}
         found += frontier
     return found
+
+
+@pytest.mark.slow
+def test_smollm2_on_three_ranks_gives_one_process_greedy_tokens():
+    """SmolLM2-135M-Instruct: 9 heads and 3 KV heads, so three ranks hold three heads and one KV head each."""
+    chat = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    options = {"dtype": "float32", "enable_tracing": False, "num_kv_blocks": 16}
+    one = LLM("smollm2-135m-instruct", **options)
+    prompts = [one.tokenizer.apply_chat_template([{"role": "user", "content": q}])
+               for q in ("What is the capital of France?", "Name a prime number.")]  # fmt: skip
+    expected = [o.token_ids for o in one.generate(prompts, chat)]
+    kv_bytes = one.engine.kv_bytes_per_token()
+    del one
+    llm = LLM("smollm2-135m-instruct", tensor_parallel_size=3, **options)
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, chat)] == expected
+        assert llm.engine.kv_bytes_per_token() * 3 == kv_bytes  # one KV head of three per rank
+    finally:
+        llm.engine.shutdown()

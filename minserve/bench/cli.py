@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
         "serve", help="load-test an OpenAI-compatible server", description=_cmd_bench_serve.__doc__
     )
     _add_target_arguments(serve)
+    _add_retry_arguments(serve)
     _add_workload_arguments(serve)
     _add_arrival_arguments(serve)
     _add_slo_arguments(serve)
@@ -44,6 +46,34 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--timeout-s", type=float, default=600.0, help="per request, send to last byte")
     group.add_argument("--temperature", type=float, default=0.0)
     group.add_argument("--ignore-eos", action="store_true", help="exactly max_tokens (ignore_eos, min_tokens)")
+
+
+def _add_retry_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("retries (minserve.client; off by default: every request is sent once)")
+    group.add_argument("--retries", type=int, default=0, help="retries of a request refused for load (429, 503)")
+    group.add_argument("--retry-base-s", type=float, default=0.5, help="backoff before retry n: up to base·2^n")
+    group.add_argument("--retry-cap-s", type=float, default=30.0, help="… and never more than this (full jitter)")
+    group.add_argument("--retry-budget", type=float, default=None, help="retries ≤ this share of requests (10 s)")
+    group.add_argument("--adaptive-throttle-k", type=float, default=None, help="refuse locally past k × accepted")
+
+
+def _retrier_from_args(args: argparse.Namespace) -> Callable[[], Any] | None:
+    """What makes each run's retrier (seeded from --seed), or None without retries or a throttle."""
+    if args.retries < 0:
+        raise ValueError(f"--retries must be ≥ 0, got {args.retries}")
+    if args.retries == 0 and args.adaptive_throttle_k is None:
+        return None
+    from minserve.client import AdaptiveThrottle, Retrier, RetryBudget, RetryPolicy
+
+    def make() -> Retrier:
+        policy = RetryPolicy(args.retries + 1, args.retry_base_s, args.retry_cap_s, random.Random(args.seed))
+        budget = None if args.retry_budget is None else RetryBudget(args.retry_budget)
+        k = args.adaptive_throttle_k
+        throttle = None if k is None else AdaptiveThrottle(k, rng=random.Random(args.seed + 1))
+        return Retrier(policy, budget, throttle)
+
+    make()  # a mistaken setting fails now, before the run
+    return make
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +189,7 @@ def _cmd_bench_serve(args: argparse.Namespace) -> int:
         args.temperature,
         args.ignore_eos,
         count_tokens=count_tokens,
+        make_retrier=_retrier_from_args(args),
     )
     result = run_benchmark(
         client,

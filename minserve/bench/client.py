@@ -6,21 +6,27 @@ The client posts to ``/v1/completions`` (or ``/v1/chat/completions``) with ``str
 announcement, the final usage chunk) is not a token the user sees, so it does not count for TTFT or ITL.
 
 A request ends in one of three ways: ``ok`` (``[DONE]`` seen), ``failed`` (with an ``error`` kind such as
-``http_429``, ``timeout``, ``connection``, ``server_error`` or ``incomplete_stream``) or ``cancelled`` (the
-client hung up on purpose, after ``cancel_after_chunks`` chunks).
+``http_429``, ``timeout``, ``connection``, ``server_error``, ``incomplete_stream``, or ``throttled`` when the
+client's own adaptive throttle refused it) or ``cancelled`` (the client hung up on purpose, after
+``cancel_after_chunks`` chunks).
+
+With a retrier (:mod:`minserve.client`: backoff with jitter honouring ``Retry-After``, a retry budget,
+adaptive throttling), a request refused for load (429, 503) or left unanswered is sent again; its record
+keeps the first attempt's send time, so its latency includes the retries, and counts its ``attempts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
 
 from minserve.bench.workload import BenchRequest
+from minserve.client import Outcome, Retrier, http_outcome, parse_retry_after
 
 ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 DONE = "[DONE]"
@@ -50,6 +56,9 @@ class RequestResult:
     output_tokens_source: str = "chunks"
     response_id: str | None = None  # the server's id for the request, to find it in the server's logs
     text: str = ""
+    attempts: int = 1  # sent to the server (0: the client's throttle refused it), retries included
+    retries_stopped_by: str | None = None  # max_attempts, budget or throttled: why it was not tried again
+    retry_after_s: float | None = None  # the last refusal's Retry-After
 
     @property
     def first_chunk_s(self) -> float | None:
@@ -79,6 +88,8 @@ class ClientConfig:
     ignore_eos: bool = False
     # Counts the tokens of a text with the model's tokenizer, for servers that send no usage.
     count_tokens: Callable[[str], int] | None = None
+    # Makes the retrier of one run (a fresh one each run: its budget and throttle start empty); None: no retries.
+    make_retrier: Callable[[], Retrier] | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -172,6 +183,37 @@ async def send_request(
     return result
 
 
+async def send_with_retries(
+    http: httpx.AsyncClient,
+    config: ClientConfig,
+    request: BenchRequest,
+    intended_s: float,
+    clock: Callable[[], float],
+    retrier: Retrier,
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+) -> RequestResult:
+    """:func:`send_request` again while ``retrier`` says so; the last attempt's result, its ``sent_s`` the
+    first attempt's (the user has been waiting since), with the attempts counted."""
+    first_sent_s = clock()
+    tries = await retrier.acall(lambda: send_request(http, config, request, intended_s, clock), outcome, sleep)
+    result = tries.result
+    if result is None:  # the throttle refused it before anything was sent
+        result = RequestResult(request.index, intended_s, status="failed", error="throttled", end_s=clock())
+        result.error_message = "refused by the client's adaptive throttle"
+    result.sent_s, result.attempts, result.retries_stopped_by = first_sent_s, tries.num_attempts, tries.stopped_by
+    return result
+
+
+def outcome(result: RequestResult) -> Outcome:
+    """What one attempt says about retrying it (:func:`minserve.client.http_outcome`): refused for load, or
+    no connection before any byte arrived, is retried; anything else is final."""
+    if result.error is not None and result.error.startswith("http_"):
+        return http_outcome(int(result.error.removeprefix("http_")), result.retry_after_s)
+    if result.error == "connection" and not result.chunk_times_s:
+        return http_outcome(None)
+    return Outcome(accepted=True, retryable=False)
+
+
 async def _stream(
     http: httpx.AsyncClient,
     config: ClientConfig,
@@ -185,6 +227,7 @@ async def _stream(
         if response.status_code >= 400:
             detail = (await response.aread()).decode(errors="replace")
             result.status, result.error, result.error_message = "failed", f"http_{response.status_code}", detail[:500]
+            result.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
             return
         async for line in response.aiter_lines():
             received_s = clock()  # before decoding: the user has the bytes now

@@ -22,7 +22,7 @@ import httpx
 from tqdm import tqdm
 
 from minserve.bench.arrivals import ClosedLoop, OpenLoop
-from minserve.bench.client import ClientConfig, RequestResult, send_request
+from minserve.bench.client import ClientConfig, RequestResult, send_request, send_with_retries
 from minserve.bench.workload import BenchRequest
 
 T = TypeVar("T")
@@ -84,8 +84,9 @@ async def timed_run(
 
     Returns the results, the run's wall time and the client's CPU time over it (both seconds). This is the
     one place a run's client is made: every load shape (open loop, closed loop, the workers of
-    :mod:`minserve.bench.omission`) measures on the same connections, timeout and clock. ``on_result`` is
-    called after each request ends (a progress bar).
+    :mod:`minserve.bench.omission`) measures on the same connections, timeout and clock, and retries (when
+    ``config.make_retrier`` is set) with one retrier per run. ``on_result`` is called after each request
+    ends (a progress bar).
     """
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(config.timeout_s)) as http:
@@ -95,8 +96,13 @@ async def timed_run(
         def clock() -> float:
             return time.perf_counter() - start
 
+        retrier = config.make_retrier() if config.make_retrier is not None else None
+
         async def send(request: BenchRequest, intended_s: float) -> RequestResult:
-            result = await send_request(http, config, request, intended_s, clock)
+            if retrier is None:
+                result = await send_request(http, config, request, intended_s, clock)
+            else:
+                result = await send_with_retries(http, config, request, intended_s, clock, retrier)
             on_result()
             return result
 

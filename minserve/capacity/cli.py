@@ -3,10 +3,21 @@
 ``minserve plan roofline --model Llama-3-8B --gpu H100 --batch 1,8,64 --context 1024 --prompt 512`` prints the
 roofline's predicted prefill time and decode step times, which roof binds each, and the critical batch size.
 
+``minserve plan parallel --model Llama-3-70B --gpu H100 --gpus 8 --interconnect nvlink4 --batch 1,32`` prints,
+for every tensor × pipeline × data parallel layout of the GPUs, whether it fits and its predicted decode time
+per token and throughput, split into compute, memory, communication and pipeline bubble
+(:mod:`minserve.capacity.parallel`).
+
 ``minserve plan calibrate --out cost.json`` times a short workload on the engine and fits the simulator's
 step-cost model; ``minserve plan simulate --cost cost.json --rates 2,4,8`` runs a workload through the
 discrete-event simulator (:mod:`minserve.capacity.simulator`: the real scheduler on a virtual clock) and prints
 the SLO summary at each rate.
+
+``minserve plan capacity --cost cost.json --prompt-len lognormal:256:128 --output-len lognormal:64:32
+--slo-ttft-ms 500 --slo-tpot-ms 100 --target-rate 20 --usd-per-hour 2.5`` prints one replica's capacity
+envelope (:mod:`minserve.capacity.planner`): KV-limited concurrency, sustainable throughput, the highest
+rate that meets the SLO, Little's law there, the queue limit it implies, and the replicas and cost of the
+target rate; ``--gpu H100 --model Llama-3-8B`` plans from the roofline instead of a calibration.
 """
 
 from __future__ import annotations
@@ -14,9 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from minserve.capacity import roofline
+from minserve import slo
+from minserve.capacity import interconnect, parallel, roofline
 from minserve.capacity.kv import DTYPE_BYTES, dtype_bytes, kv_bytes_per_token, model_config
 from minserve.capacity.memory import estimate_params, fit
 from minserve.capacity.presets import MODEL_PRESETS
@@ -25,14 +39,18 @@ from minserve.flags import ENGINE_SCHEDULING, add_config_flags, config_options
 from minserve.model.config import ModelConfig
 from minserve.workload import parse_rates
 
+if TYPE_CHECKING:  # the planner runs the simulator, which loads the engine: imported when planning
+    from minserve.capacity.planner import Envelope, Machine
 
-def add_plan_command(commands: argparse._SubParsersAction) -> None:
-    """Register ``plan`` and its kinds ``roofline``, ``calibrate`` and ``simulate`` on the top-level parser's
-    sub-commands."""
+
+def add_plan_command(commands: argparse._SubParsersAction, plot_capacity: Callable[..., Path] | None = None) -> None:
+    """Register ``plan`` and its kinds ``roofline``, ``parallel``, ``calibrate``, ``simulate`` and ``capacity``
+    on the top-level parser's sub-commands. ``plot_capacity(envelope, path)`` draws ``plan capacity --plot``'s
+    chart (the lab's, handed down by the command line: this layer has no plotting)."""
     plan = commands.add_parser(
         "plan",
-        help="capacity planning: roofline, calibration, simulation",
-        description="Capacity planning (chapters 03, 04, 05, 09).",
+        help="capacity planning: roofline, parallel layouts, calibration, simulation, capacity envelope",
+        description="Capacity planning (chapters 03, 04, 05, 06, 09).",
     )
     kinds = plan.add_subparsers(dest="plan_command", required=True, metavar="KIND")
     gpus = ", ".join([*roofline.HARDWARE, roofline.THIS_MACHINE])
@@ -58,8 +76,113 @@ def add_plan_command(commands: argparse._SubParsersAction) -> None:
         "--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="the KV cache's dtype, when not --dtype's"
     )
     rl.set_defaults(run=_cmd_plan_roofline)
+    _add_parallel(kinds)
     _add_calibrate(kinds)
     _add_simulate(kinds)
+    _add_capacity(kinds, plot_capacity)
+
+
+def _add_parallel(kinds: argparse._SubParsersAction) -> None:
+    par = kinds.add_parser(
+        "parallel",
+        help="which TP × PP × DP layouts fit on N GPUs, and how fast each decodes",
+        description=_cmd_plan_parallel.__doc__,
+    )
+    par.add_argument("--model", default="Llama-3-70B", help="a preset, an embedded model, or a checkpoint directory")
+    par.add_argument(
+        "--gpu", default="H100", help=f"one of {', '.join(roofline.HARDWARE)} ('this' measures this machine)"
+    )
+    par.add_argument("--gpus", type=int, default=8, help="how many GPUs to split the model over")
+    par.add_argument(
+        "--interconnect",
+        default="nvlink4",
+        help=f"the link between them: {', '.join([*interconnect.INTERCONNECTS, interconnect.THIS_MACHINE])}",
+    )
+    par.add_argument("--batch", default="1,32", help="sequences decoding at once per replica, comma-separated")
+    par.add_argument("--context", type=int, default=4096, help="tokens in each sequence's KV cache")
+    par.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES], help="weights and activations")
+    par.add_argument("--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="the KV cache's, when not --dtype's")
+    par.add_argument("--micro-batches", type=int, default=None, help="per step with PP (default: min(batch, PP))")
+    par.add_argument("--layouts", default=None, help="only these, comma-separated, like TP8,TP4xPP2 (default: all)")
+    par.set_defaults(run=_cmd_plan_parallel)
+
+
+def _cmd_plan_parallel(args: argparse.Namespace) -> int:
+    """For every way of splitting a model over --gpus GPUs (tensor × pipeline × data parallel): whether the
+    weights and the batch's KV cache fit on each GPU, and a decode step's predicted time per output token and
+    throughput, from the roofline (compute, memory) on each GPU's share plus the collectives over the
+    interconnect (ring all-reduce: 2(n−1)/n × size / bandwidth + 2(n−1) × latency) and the pipeline's bubble."""
+    batches = parse_batches(args.batch)
+    if args.context <= 0:
+        raise ValueError(f"--context must be positive, got {args.context}")
+    if args.gpus <= 0:
+        raise ValueError(f"--gpus must be positive, got {args.gpus}")
+    config = resolve_model(args.model)
+    hw = roofline.hardware(args.gpu)
+    link = interconnect.interconnect(args.interconnect)
+    dtype = hw.dtype if args.dtype == "auto" else args.dtype
+    chosen = parallel.layouts(config, args.gpus)
+    if args.layouts:
+        chosen = [parallel.Layout.parse(text) for text in args.layouts.split(",") if text.strip()]
+        wrong = [layout.name for layout in chosen if layout.gpus != args.gpus]
+        if wrong:
+            raise ValueError(f"layouts {', '.join(wrong)} do not use exactly --gpus {args.gpus} GPUs")
+    if not chosen:
+        raise ValueError(f"no layout of {args.gpus} GPUs splits {args.model}'s heads evenly; try another --gpus")
+    plans = {
+        batch: [
+            parallel.plan_layout(
+                config, layout, hw, link, batch, args.context, dtype, args.kv_dtype, args.micro_batches
+            )
+            for layout in chosen
+        ]
+        for batch in batches
+    }
+    print(format_parallel_plan(args.model, config, hw, link, dtype, plans))
+    if not args.layouts:
+        for note in parallel.left_out(config, args.gpus):
+            print(f"left out: {note}")
+    return 0
+
+
+def format_parallel_plan(
+    name: str,
+    config: ModelConfig,
+    hw: roofline.Hardware,
+    link: interconnect.Interconnect,
+    dtype: str,
+    plans: dict[int, list[parallel.LayoutPlan]],
+) -> str:
+    """The printed plan: the model, the GPU and the link, then one table per batch size, one row per layout."""
+    params = estimate_params(config)
+    gpus = next(iter(plans.values()))[0].layout.gpus
+    lines = [
+        f"{name}: {_si(params)} parameters, {_si(params * dtype_bytes(dtype))}B of {dtype} weights",
+        f"{gpus} × {hw.name}: {_si(hw.peak_flops_per_s)}FLOP/s, {_si(hw.memory_bandwidth_bytes_per_s)}B/s, "
+        f"{_si(hw.memory_bytes)}B each",
+        f"{link.name}: {_si(link.bandwidth_bytes_per_s)}B/s per GPU each way, {_time(link.latency_s)} a message "
+        f"({link.source})",
+    ]
+    for batch, rows in plans.items():
+        context = rows[0].context_tokens
+        lines += [
+            "",
+            f"batch {batch} per replica, context {context:,} tokens; times per decode step (= per output token)",
+            f"{'layout':<13}{'fits':>5}{'weights/GPU':>13}{'KV tokens/GPU':>15}{'compute':>10}{'memory':>10}"
+            f"{'comm':>10}{'bubble':>10}{'ms/token':>10}{'tok/s/replica':>15}{'tok/s total':>13}  dominant",
+        ]
+        for plan in rows:
+            lines.append(
+                f"{plan.layout.name:<13}{'yes' if plan.fits else 'NO':>5}{_si(plan.weights_bytes_per_gpu) + 'B':>13}"
+                f"{plan.kv_tokens_per_gpu:>15,}{_time(plan.compute_s):>10}{_time(plan.memory_s):>10}"
+                f"{_time(plan.communication_s):>10}{_time(plan.bubble_s):>10}{plan.step_s * 1e3:>10.2f}"
+                f"{plan.tokens_per_s_per_replica:>15,.0f}{plan.tokens_per_s:>13,.0f}  {plan.dominant}"
+            )
+    lines.append(
+        "\nLower bounds on time (upper bounds on tokens/s), except the collectives, whose ring model overstates "
+        "small messages. fits = weights and every sequence's KV within 90% of each GPU's memory."
+    )
+    return "\n".join(lines)
 
 
 def _add_engine_options(parser: argparse.ArgumentParser, defaults_from: str) -> None:
@@ -146,7 +269,6 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
     through the discrete-event simulator: the engine's own scheduler and block manager on a virtual clock, each
     step costed by the model in --cost. Prints TTFT, TPOT, ITL and E2E percentiles, throughput, and goodput
     under an SLO when one is given. The engine's knobs default to those the cost file was calibrated with."""
-    from minserve import slo
     from minserve.capacity.simulator import SchedulerConfig, Simulator, StepCostModel, make_requests
     from minserve.workload import parse_length, poisson_arrivals, request_lengths
 
@@ -159,9 +281,7 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
     lengths = request_lengths(parse_length(args.prompt_len, limit), parse_length(args.output_len), args.num_prompts,
                               args.seed)  # fmt: skip
     prompts, outputs = [p for p, _ in lengths], [o for _, o in lengths]
-    target = None
-    if args.slo_ttft_ms is not None or args.slo_tpot_ms is not None:
-        target = slo.SLO("cli", ttft_s=_seconds(args.slo_ttft_ms), tpot_s=_seconds(args.slo_tpot_ms))
+    target = _slo_target(args)
     print(
         f"{args.num_prompts} requests, prompts {args.prompt_len}, outputs {args.output_len} tokens; "
         f"policy {_policy_name(config.scheduling_policy)}, max_num_seqs {config.max_num_seqs}, "
@@ -204,8 +324,144 @@ def _cmd_plan_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_capacity(kinds: argparse._SubParsersAction, plot_capacity: Callable[..., Path] | None) -> None:
+    cap = kinds.add_parser(
+        "capacity",
+        help="one replica's capacity envelope, and the replicas and cost of a target rate",
+        description=_cmd_plan_capacity.__doc__,
+    )
+    machine = cap.add_argument_group("the machine")
+    machine.add_argument(
+        "--gpu",
+        default=roofline.THIS_MACHINE,
+        help=f"'this' (with --cost) or a GPU from the roofline's table: {', '.join(roofline.HARDWARE)}",
+    )
+    machine.add_argument("--cost", type=Path, default=None, help="--gpu this: a step-cost file from `plan calibrate`")
+    machine.add_argument(
+        "--model",
+        default=None,
+        help="--gpu NAME: a preset, an embedded model or a checkpoint (--gpu this: the calibrated model, checked)",
+    )
+    machine.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_BYTES], help="--gpu NAME: the weights'")
+    machine.add_argument("--kv-dtype", default=None, choices=list(DTYPE_BYTES), help="--gpu NAME: the KV cache's")
+    machine.add_argument(
+        "--step-overhead-ms",
+        type=float,
+        default=0.0,
+        help="--gpu NAME: added to every roofline step (launches, scheduling)",
+    )
+    work = cap.add_argument_group("the workload")
+    work.add_argument("--prompt-len", default="lognormal:256:128", help="N, uniform:MEAN:SPREAD or lognormal:MEAN:SD")
+    work.add_argument("--output-len", default="lognormal:64:32", help="as --prompt-len")
+    work.add_argument("--shared-prefix-len", type=int, default=0, help="tokens every prompt starts with")
+    work.add_argument("--arrival", default="poisson", choices=["poisson", "gamma", "constant"])
+    work.add_argument("--burstiness", type=float, default=1.0, help="--arrival gamma: its shape, <1 burstier")
+    work.add_argument("--num-prompts", type=int, default=500, help="requests in each simulated run")
+    work.add_argument("--seed", type=int, default=0)
+    contract = cap.add_argument_group("the SLO and the target")
+    contract.add_argument("--slo-ttft-ms", type=float, default=None, help="TTFT at most this")
+    contract.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT at most this")
+    contract.add_argument("--slo-attainment", type=float, default=0.99, help="share of requests that must meet it")
+    contract.add_argument("--target-rate", type=float, default=None, help="requests/s to serve: how many replicas")
+    contract.add_argument("--usd-per-hour", type=float, default=None, help="one replica's price, for the cost")
+    cap.add_argument("--tolerance", type=float, default=0.02, help="the rate search's bracket, a share of the rate")
+    cap.add_argument("--plot", type=Path, default=None, help="also write the attainment-against-rate chart (HTML)")
+    _add_engine_options(cap, "the calibrated engine's, or the simulator's for a GPU")
+    cap.set_defaults(run=_cmd_plan_capacity, plot_capacity=plot_capacity)
+
+
+def _cmd_plan_capacity(args: argparse.Namespace) -> int:
+    """One replica's capacity envelope for a workload and an SLO: the sequences the KV cache holds at once, the
+    sustainable token throughput of a full batch (from the calibrated step costs of this machine, --cost, or
+    from the roofline of a GPU, --gpu H100 --model Llama-3-8B), the highest arrival rate at which the
+    simulator meets the SLO (bisection), Little's law's requests in flight there, the queue limit it implies
+    (for `minserve serve --max-waiting-requests`), and for --target-rate the replicas and, with
+    --usd-per-hour, their cost per hour and per million output tokens."""
+    from minserve.capacity import planner
+    from minserve.workload import parse_length
+
+    target = _slo_target(args)
+    if target is None:
+        raise ValueError("give the SLO: --slo-ttft-ms and/or --slo-tpot-ms")
+    checks = [
+        (0 < args.slo_attainment <= 1, f"--slo-attainment must be in (0, 1], got {args.slo_attainment}"),
+        (args.num_prompts >= 1, f"--num-prompts must be ≥ 1, got {args.num_prompts}"),
+        (0 < args.tolerance < 1, f"--tolerance must be in (0, 1), got {args.tolerance}"),
+        (args.target_rate is None or args.target_rate > 0, f"--target-rate must be > 0, got {args.target_rate}"),
+        (args.usd_per_hour is None or args.usd_per_hour >= 0, f"--usd-per-hour must be ≥ 0, got {args.usd_per_hour}"),
+        (args.usd_per_hour is None or args.target_rate is not None,
+         "--usd-per-hour prices the replicas a --target-rate needs: give --target-rate too"),
+    ]  # fmt: skip
+    for ok, message in checks:
+        if not ok:
+            raise ValueError(message)
+    machine = _capacity_machine(args)
+    limit = machine.config.max_model_len - 1 if machine.config.max_model_len else 1 << 20
+    workload = planner.Workload(
+        parse_length(args.prompt_len, limit), parse_length(args.output_len), args.shared_prefix_len,
+        args.num_prompts, args.arrival, args.burstiness, args.seed,
+    )  # fmt: skip
+    envelope = planner.plan_capacity(machine, workload, target, args.slo_attainment, args.target_rate,
+                                     args.usd_per_hour, args.tolerance)  # fmt: skip
+    print(format_envelope(envelope))
+    if args.plot is not None:
+        if args.plot_capacity is None:
+            raise ValueError("--plot needs the lab's plotting, which this command line was built without")
+        print(f"wrote {args.plot_capacity(envelope, args.plot)}")
+    return 0
+
+
+def _capacity_machine(args: argparse.Namespace) -> Machine:
+    """The machine ``plan capacity`` plans for: this one from ``--cost``, or a GPU's roofline."""
+    from minserve.capacity import planner
+    from minserve.capacity.cost_model import StepCostModel
+
+    knobs = _engine_options(args)
+    if args.gpu.strip().lower() == roofline.THIS_MACHINE:
+        if args.cost is None:
+            raise ValueError(
+                "--gpu this plans from a calibration of this machine: give --cost FILE (make one with "
+                "`minserve plan calibrate --out FILE`), or name a GPU to plan from its roofline"
+            )
+        cost = StepCostModel.load(args.cost)
+        calibrated = cost.info.get("model")
+        if args.model is not None and calibrated is not None and args.model != calibrated:
+            raise ValueError(f"{args.cost} is a calibration of {calibrated}, not {args.model}; calibrate "
+                             f"{args.model} or leave out --model")  # fmt: skip
+        return planner.calibrated_machine(cost, **knobs)
+    if args.cost is not None:
+        raise ValueError(f"--cost is a calibration of this machine; with --gpu {args.gpu} the roofline prices the "
+                         "steps: leave out --cost, or use --gpu this")  # fmt: skip
+    if args.model is None:
+        raise ValueError(f"--gpu {args.gpu} plans a model from the roofline: give --model (a preset: "
+                         f"{', '.join(MODEL_PRESETS)}, an embedded model or a checkpoint directory)")  # fmt: skip
+    if args.step_overhead_ms < 0:
+        raise ValueError(f"--step-overhead-ms must be ≥ 0, got {args.step_overhead_ms}")
+    hw = roofline.hardware(args.gpu)
+    dtype = hw.dtype if args.dtype == "auto" else args.dtype
+    return planner.roofline_machine(resolve_model(args.model), hw, dtype, args.kv_dtype,
+                                    step_overhead_s=args.step_overhead_ms / 1e3, **knobs)  # fmt: skip
+
+
+def format_envelope(envelope: Envelope) -> str:
+    """The printed envelope: :meth:`Envelope.header`, :meth:`Envelope.rows` as a table, and its notes."""
+    rows = envelope.rows()
+    width = {key: max(len(key), *(len(row[key]) for row in rows)) + 2 for key in ("quantity", "value")}
+    lines = [*envelope.header(), "", f"{'quantity':<{width['quantity']}}{'value':<{width['value']}}how"]
+    lines += [f"{r['quantity']:<{width['quantity']}}{r['value']:<{width['value']}}{r['how']}" for r in rows]
+    lines += [f"note: {note}" for note in envelope.notes]
+    return "\n".join(lines)
+
+
 def _seconds(milliseconds: float | None) -> float | None:
     return None if milliseconds is None else milliseconds / 1e3
+
+
+def _slo_target(args: argparse.Namespace) -> slo.SLO | None:
+    """The SLO of ``--slo-ttft-ms`` and ``--slo-tpot-ms`` (``None`` when neither is given)."""
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None:
+        return None
+    return slo.SLO("cli", ttft_s=_seconds(args.slo_ttft_ms), tpot_s=_seconds(args.slo_tpot_ms))
 
 
 def _policy_name(policy: object) -> str:
@@ -297,7 +553,9 @@ def format_roofline_plan(
 
 
 def _time(seconds: float) -> str:
-    """``0.00267`` → ``"2.67 ms"``: three significant digits in s, ms, µs or ns."""
+    """``0.00267`` → ``"2.67 ms"``: three significant digits in s, ms, µs or ns; nothing at all is ``"0"``."""
+    if seconds == 0:
+        return "0"
     for factor, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
         if seconds >= factor:
             return f"{seconds / factor:.3g} {unit}"
@@ -312,4 +570,11 @@ def _si(value: float) -> str:
     return f"{value:.3g} "
 
 
-__all__ = ["add_plan_command", "format_roofline_plan", "parse_batches", "resolve_model"]
+__all__ = [
+    "add_plan_command",
+    "format_envelope",
+    "format_parallel_plan",
+    "format_roofline_plan",
+    "parse_batches",
+    "resolve_model",
+]

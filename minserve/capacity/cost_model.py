@@ -37,7 +37,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -277,6 +277,15 @@ def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 # --- the cost model as an executor ------------------------------------------------------------------------
 
 
+class StepCost(Protocol):
+    """What the simulator asks of a cost model: the seconds a step takes. :class:`StepCostModel` (fitted on the
+    engine) is one; :class:`~minserve.capacity.roofline_cost.RooflineStepCost` (a GPU's FLOPs and bytes) another."""
+
+    def step_time_s(self, features: StepFeatures) -> float: ...
+
+    def batch_time_s(self, batch: ScheduledBatch) -> float: ...
+
+
 class CostModelExecutor:
     """The engine core's executor in a simulation: no model, only time.
 
@@ -285,7 +294,7 @@ class CostModelExecutor:
     cost what the model's ``swapped_blocks`` term says, charged with the step.
     """
 
-    def __init__(self, cost_model: StepCostModel, clock: VirtualClock, next_token: int = 0) -> None:
+    def __init__(self, cost_model: StepCost, clock: VirtualClock, next_token: int = 0) -> None:
         self.cost_model, self.clock, self.next_token = cost_model, clock, next_token
 
     def execute(self, batch: ScheduledBatch) -> list[list[Sample] | None]:

@@ -41,12 +41,35 @@ def mlp_params(config: ModelConfig) -> int:
     return params + (2 * config.intermediate_size + config.hidden_size if config.mlp_bias else 0)
 
 
+def expert_params(config: ModelConfig) -> int:
+    """Weights of one expert of a mixture-of-experts layer: a gated MLP ``moe_intermediate_size`` wide."""
+    return 3 * config.hidden_size * config.moe_intermediate_size
+
+
+def router_params(config: ModelConfig) -> int:
+    """Weights of a mixture-of-experts layer's router: hidden → one score per expert."""
+    return config.hidden_size * config.num_experts
+
+
+def layer_mlp_params(config: ModelConfig, layer: int) -> int:
+    """Weights of layer ``layer``'s feed-forward part as stored: the dense MLP, or every expert and the router."""
+    if layer in config.moe_layers:
+        return config.num_experts * expert_params(config) + router_params(config)
+    return mlp_params(config)
+
+
+def decoder_params(config: ModelConfig) -> int:
+    """Weights of all decoder layers: attention, feed-forward (every expert of a sparse layer) and two norms."""
+    per_layer = attention_params(config) + 2 * config.hidden_size
+    return sum(per_layer + layer_mlp_params(config, layer) for layer in range(config.num_layers))
+
+
 def estimate_params(config: ModelConfig) -> int:
-    """Parameter count: embeddings + layers × (attention + MLP + two norms) + final norm + LM head unless tied."""
+    """Parameter count: embeddings + decoder layers + final norm + LM head unless tied. A mixture of experts
+    counts every expert: all of them take memory, though a token multiplies by only its top-k."""
     embeddings = config.vocab_size * config.hidden_size
-    per_layer = attention_params(config) + mlp_params(config) + 2 * config.hidden_size
     lm_head = 0 if config.tie_word_embeddings else embeddings
-    return embeddings + config.num_layers * per_layer + config.hidden_size + lm_head
+    return embeddings + decoder_params(config) + config.hidden_size + lm_head
 
 
 def weights_bytes(config: ModelConfig, dtype: Dtype = "bfloat16") -> int:

@@ -14,6 +14,9 @@ from typing import Any
 _LLAMA: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16"}
 _MISTRAL: dict[str, Any] = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "torch_dtype": "bfloat16"}
 _QWEN3: dict[str, Any] = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16"}
+_MIXTRAL: dict[str, Any] = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "torch_dtype": "bfloat16"}
+_QWEN3_MOE: dict[str, Any] = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                              "torch_dtype": "bfloat16"}  # fmt: skip
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "Llama-2-7B": _LLAMA
@@ -33,6 +36,16 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 40,
         "num_attention_heads": 40,
         "num_key_value_heads": 40,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+    },
+    "Llama-2-70B": _LLAMA
+    | {
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,  # Llama 2's only grouped-query model
         "vocab_size": 32000,
         "max_position_embeddings": 4096,
     },
@@ -92,6 +105,38 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "head_dim": 128,
         "vocab_size": 151936,
         "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+    },
+    # Mixtures of experts: every expert takes memory, a token multiplies by its top-k.
+    "Mixtral-8x7B": _MIXTRAL
+    | {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,  # each expert's width
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rope_theta": 1000000.0,
+    },
+    "Qwen3-30B-A3B": _QWEN3_MOE
+    | {
+        "hidden_size": 2048,
+        "intermediate_size": 6144,  # a dense layer's width; this model has none
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
         "rope_theta": 1000000.0,
     },
 }

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from minserve.capacity.kv import Dtype, ModelLike, dtype_bytes, kv_bytes_per_token, model_config
-from minserve.capacity.memory import attention_params, mlp_params
+from minserve.capacity.memory import attention_params, expert_params, mlp_params, router_params
 from minserve.model.config import ModelConfig
 
 GB = 10**9
@@ -144,9 +144,38 @@ def attention_intensity_flops_per_byte(
 # --- FLOPs and bytes of a forward pass ----------------------------------------------------------------------
 
 
-def layer_matmul_params(config: ModelConfig) -> int:
-    """Weights one token multiplies by in one decoder layer: q, k, v, o and gate, up, down (with any biases)."""
+def layer_matmul_params(config: ModelConfig, layer: int = 0) -> int:
+    """Weights one token multiplies by in decoder layer ``layer``: q, k, v, o and gate, up, down (with any
+    biases); in a mixture-of-experts layer, the router and the ``num_experts_per_tok`` experts it chose."""
+    if layer in config.moe_layers:
+        return attention_params(config) + router_params(config) + config.num_experts_per_tok * expert_params(config)
     return attention_params(config) + mlp_params(config)
+
+
+def experts_touched(config: ModelConfig, tokens: int) -> float:
+    """Experts of one sparse layer that at least one of ``tokens`` tokens is routed to, expected under uniform
+    routing: ``E · (1 − (1 − k/E)^tokens)``. One token reads k experts' weights; a large batch reads them all,
+    which is why a mixture of experts is cheap to decode alone and costs its full size in bytes at scale."""
+    experts, top_k = config.num_experts, config.num_experts_per_tok
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def decoder_matmul_params(config: ModelConfig) -> int:
+    """Weights one token multiplies by through every decoder layer (its own experts only, in a sparse layer)."""
+    return sum(layer_matmul_params(config, layer) for layer in range(config.num_layers))
+
+
+def decoder_read_params(config: ModelConfig, tokens: int | None = None) -> float:
+    """Weights a forward pass of ``tokens`` tokens reads from the decoder layers, each once: every matrix of a
+    dense layer; of a sparse one, the router and the experts some token was routed to (``None``: all of them)."""
+    total = 0.0
+    for layer in range(config.num_layers):
+        if layer in config.moe_layers:
+            experts = config.num_experts if tokens is None else experts_touched(config, tokens)
+            total += attention_params(config) + router_params(config) + experts * expert_params(config)
+        else:
+            total += attention_params(config) + mlp_params(config)
+    return total
 
 
 def lm_head_params(config: ModelConfig) -> int:
@@ -161,17 +190,19 @@ def flops_per_token(model: ModelLike) -> int:
     embedding adds parameters but no FLOPs (Llama-3-8B: 2 × 7.5e9, against 2 × 8.03e9 parameters).
     """
     config = model_config(model)
-    return 2 * (config.num_layers * layer_matmul_params(config) + lm_head_params(config))
+    return 2 * (decoder_matmul_params(config) + lm_head_params(config))
 
 
-def weights_read_bytes(model: ModelLike, dtype: Dtype = "bfloat16") -> int:
-    """Bytes of weights one forward pass reads: every layer's matrices and the LM head, each once.
+def weights_read_bytes(model: ModelLike, dtype: Dtype = "bfloat16", tokens: int | None = None) -> int:
+    """Bytes of weights one forward pass of ``tokens`` tokens reads: every layer's matrices and the LM head,
+    each once (a mixture of experts: only the experts the tokens are routed to, :func:`experts_touched`;
+    ``tokens=None`` counts them all).
 
     Norm vectors are left out (a few kilobytes), and so is an untied embedding table: only the rows of the
     batch's tokens are read from it.
     """
     config = model_config(model)
-    return (config.num_layers * layer_matmul_params(config) + lm_head_params(config)) * dtype_bytes(dtype)
+    return round((decoder_read_params(config, tokens) + lm_head_params(config)) * dtype_bytes(dtype))
 
 
 def attended_keys(query_tokens: int, context_tokens: int, sliding_window_tokens: int | None = None) -> int:
@@ -202,7 +233,7 @@ def prefill_flops(model: ModelLike, prompt_tokens: int, batch: int = 1) -> int:
     """FLOPs of prefilling ``batch`` prompts of ``prompt_tokens``: matmuls for every token through the layers,
     the LM head for the last token only (the only one sampled), and causal attention over the prompt."""
     config = model_config(model)
-    layers = 2 * config.num_layers * layer_matmul_params(config) * prompt_tokens
+    layers = 2 * decoder_matmul_params(config) * prompt_tokens
     head = 2 * lm_head_params(config) if prompt_tokens else 0
     return batch * (layers + head + attention_flops(config, prompt_tokens, prompt_tokens))
 
@@ -213,7 +244,7 @@ def prefill_bytes(
     """Bytes a prefill moves: the weights once, and the K/V of every prompt token written to the cache."""
     config = model_config(model)
     kv = batch * prompt_tokens * kv_bytes_per_token(config, kv_dtype or dtype)
-    return weights_read_bytes(config, dtype) + kv
+    return weights_read_bytes(config, dtype, tokens=batch * prompt_tokens) + kv
 
 
 def decode_flops(model: ModelLike, batch: int, context_tokens: int) -> int:
@@ -230,7 +261,7 @@ def decode_bytes(
     (``context_tokens`` tokens each, the new token's K/V among them). Only the weights are shared."""
     config = model_config(model)
     kv = batch * context_tokens * kv_bytes_per_token(config, kv_dtype or dtype)
-    return weights_read_bytes(config, dtype) + kv
+    return weights_read_bytes(config, dtype, tokens=batch) + kv
 
 
 # --- predictions --------------------------------------------------------------------------------------------

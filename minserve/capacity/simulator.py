@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from minserve import slo
-from minserve.capacity.cost_model import CostModelExecutor, StepCostModel, StepFeatures
+from minserve.capacity.cost_model import CostModelExecutor, StepCost, StepCostModel, StepFeatures
 from minserve.config import SchedulerConfig
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.core import EngineCore, StepReport, VirtualClock
@@ -195,7 +195,7 @@ class Simulator:
     :class:`~minserve.engine.core.StepReport`.
     """
 
-    def __init__(self, cost_model: StepCostModel, config: SchedulerConfig | None = None, next_token: int = 0) -> None:
+    def __init__(self, cost_model: StepCost, config: SchedulerConfig | None = None, next_token: int = 0) -> None:
         self.cost_model = cost_model
         self.config = config or SchedulerConfig()
         self.next_token = next_token  # the token every step "samples": its value matters only to block hashes
@@ -273,7 +273,7 @@ def _adder(core: EngineCore, seq: EngineSequence) -> Callable[[float], None]:
 
 
 def simulate(
-    requests: Iterable[SimRequest], cost_model: StepCostModel, config: SchedulerConfig | None = None, **knobs: Any
+    requests: Iterable[SimRequest], cost_model: StepCost, config: SchedulerConfig | None = None, **knobs: Any
 ) -> SimResult:
     """Run ``requests`` through a fresh :class:`Simulator`; ``knobs`` are :class:`SchedulerConfig` fields."""
     config = (config or SchedulerConfig()).replace(**knobs)

@@ -43,6 +43,7 @@ from minserve.engine.engine import EngineStats, Prompt
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.service_rates import PRIOR, ServiceRates
 from minserve.model.tokenizer import Tokenizer
 from minserve.trace import TraceEvent
 
@@ -56,10 +57,6 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine core is not serving (restarting after a failure, or shut down): the request was refused."""
-
-
-class QueueFullError(RuntimeError):
-    """The request is sound, but ``max_waiting`` requests are already waiting: refused, nothing changed."""
 
 
 class OutputCollector:
@@ -149,6 +146,7 @@ class AsyncLLMEngine:
         self._last_failure: str | None = None
         self._send_lock = threading.Lock()
         self._stopping = False
+        self._speculation_enabled = True  # what the core is told; a restarted core is told again
         self._start_core()
         self.tokenizer = Tokenizer(Path(self.info.model_dir))
         self.inputs = InputProcessor(
@@ -165,9 +163,9 @@ class AsyncLLMEngine:
         """Spawn a core process and wait until it has loaded the model; ``ValueError`` if it cannot."""
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or CUDA state forked
         self._conn, child_conn = context.Pipe()
-        # A daemonic process may not start processes of its own, and a tensor-parallel core starts its ranks.
+        # A daemonic process may not start processes of its own, and a parallel core starts its ranks.
         # Either way the core ends with the front end: its pipe closes, and it returns.
-        daemon = self.config.tensor_parallel_size == 1
+        daemon = self.config.world_size == 1
         self._process = context.Process(
             target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=daemon
         )
@@ -175,6 +173,7 @@ class AsyncLLMEngine:
         child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF
         self.info = self._wait_until_ready()
         self._stats = self.info.stats
+        self._rates = PRIOR  # a new core has measured nothing yet
         self._started_at_s = time.monotonic()
         self._state = "ok"
 
@@ -202,13 +201,13 @@ class AsyncLLMEngine:
         arrival_time_s: float | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
-        max_waiting: int | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request now and return the stream of its outputs. Leaving the stream early cancels it.
 
-        Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`) the
-        moment this returns, so the queue limit ``max_waiting``, checked here after the request itself, holds
-        under any concurrency (:class:`QueueFullError` past it). A request the engine refuses raises
+        Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`, and its
+        prompt in :attr:`num_queued_prompt_tokens`) the moment this returns, so a server that decides
+        admission from them and then calls this, with no ``await`` between, keeps its limits exact under
+        any concurrency (:mod:`minserve.serve.admission`). A request the engine refuses raises
         ``ValueError``; a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
         (``time.perf_counter``) defaults to now; a server passes when the request came in. ``deadline_s``:
         seconds after arrival past which the core stops the request (``finish_reason="deadline"``).
@@ -220,8 +219,6 @@ class AsyncLLMEngine:
         self.inputs.check_fits(ids, params, strict=True)  # a server's rule: no silent cut at the context's end
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
-        if max_waiting is not None and self.stats().num_waiting >= max_waiting:
-            raise QueueFullError(f"{max_waiting} requests are waiting already; retry later")
         state = _RequestState(
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
@@ -258,6 +255,24 @@ class AsyncLLMEngine:
         """The core's statistics as of its last step. Requests still on their way to it count as waiting."""
         stats = self._stats
         return replace(stats, num_waiting=max(stats.num_waiting, self.num_in_flight - stats.num_running))
+
+    @property
+    def rates(self) -> ServiceRates:
+        """The core's prefill rate and decode step time, measured over its recent steps (as of its last)."""
+        return self._rates
+
+    @property
+    def num_queued_prompt_tokens(self) -> int:
+        """Prompt tokens of the requests in flight that have no first token yet: the prefill work ahead of a
+        new request (a prompt half prefilled in chunks counts whole, so the estimate errs long)."""
+        states = list(self._requests.values())  # the reader thread may change the dict meanwhile
+        return sum(len(s.prompt_token_ids) for s in states if s.listening and not s.finished and not s.token_ids)
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Turn speculative decoding off or back on in the core, from its next step (no-op without it)."""
+        self._speculation_enabled = enabled
+        with contextlib.suppress(EngineDeadError):  # a restarted core is told when it is up
+            self._send(("speculation", enabled))
 
     @property
     def num_in_flight(self) -> int:
@@ -347,6 +362,8 @@ class AsyncLLMEngine:
             self._state = "stopped"
             return False
         self.num_restarts += 1
+        if not self._speculation_enabled:
+            self.set_speculation(False)
         logger.warning("engine core restarted (restart %d, pid %d)", self.num_restarts, self._process.pid)
         return True
 
@@ -373,8 +390,8 @@ class AsyncLLMEngine:
             self._process.join(SHUTDOWN_TIMEOUT_S)
             return f"the engine core process exited with code {self._process.exitcode}"
 
-    def _take_step(self, deltas: list[OutputDelta], stats: EngineStats) -> None:
-        self._stats = stats
+    def _take_step(self, deltas: list[OutputDelta], stats: EngineStats, rates: ServiceRates) -> None:
+        self._stats, self._rates = stats, rates
         items: list[tuple[str, RequestOutput | BaseException]] = []
         for delta in deltas:
             state = self._requests.get(delta.request_id)

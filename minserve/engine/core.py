@@ -175,7 +175,8 @@ class EngineStats:
     num_preemptions: int
     num_running: int
     num_waiting: int
-    num_draft_tokens: int = 0  # speculative decoding: drafts run through the model so far
+    num_verify_steps: int = 0  # speculative decoding: a sequence's steps that carried drafts (vLLM's num_drafts)
+    num_draft_tokens: int = 0  # … the draft tokens run through the model in them
     num_accepted_tokens: int = 0  # … and the ones it kept
 
     @property
@@ -183,8 +184,14 @@ class EngineStats:
         """Fraction of drafted tokens the model kept (0 with none drafted)."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verifying step: the kept drafts plus the model's own token (0 with none verified)."""
+        return 1 + self.num_accepted_tokens / self.num_verify_steps if self.num_verify_steps else 0.0
+
     def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "acceptance_rate": self.acceptance_rate,
+                "mean_accepted_length": self.mean_accepted_length}  # fmt: skip
 
 
 # --- the core -------------------------------------------------------------------------------------------------
@@ -208,6 +215,8 @@ class EngineCore:
     ) -> None:
         self.config = config
         self.proposer = proposer
+        # Off: no drafts are asked for (the proposer catches up later); a server under load turns it off.
+        self.speculation_enabled = True
         self.executor = executor
         self.clock = clock or WallClock()
         self.stop_token_ids = stop_token_ids
@@ -227,6 +236,7 @@ class EngineCore:
         self.requests: dict[str, Sequence] = {}
         self.observers: list[StepObserver] = []
         self.num_steps = 0  # steps that ran something
+        self.num_verify_steps = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self._pending_aborts: list[str] = []
@@ -275,7 +285,7 @@ class EngineCore:
         """
         began_s = self.clock.now()
         outputs = self.process_aborts() + self._expire_deadlines(began_s)
-        if self.proposer is not None:
+        if self.proposer is not None and self.speculation_enabled:
             self._propose_drafts()
         batch = self.scheduler.schedule()
         # Swap copies first, even in a step that runs nothing: the blocks a swap gave up may be reused next.
@@ -304,14 +314,22 @@ class EngineCore:
             num_accepted = len(result) - 1 if num_drafts and isinstance(result, list) else 0
             times_s = (start_s, sampled_s or end_s, end_s)
             self._trace_step(seq, num_new, batch.num_tokens, times_s, bool(result), num_accepted)
-            self.num_draft_tokens += num_drafts
-            self.num_accepted_tokens += num_accepted
+            self._count_drafts(seq, num_drafts, num_accepted)
             self.scheduler.complete(seq, num_new, num_accepted)
             if result:
                 outputs.append(self._take(seq, result, end_s))
         if self.observers:
             self._report(batch, scheduled, (began_s, start_s, end_s), outputs)
         return outputs
+
+    def _count_drafts(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+        """Add one step's drafts for ``seq`` to its request's counts and the engine's."""
+        if not num_drafts:
+            return
+        for counts in (seq.metrics, self):
+            counts.num_verify_steps += 1
+            counts.num_draft_tokens += num_drafts
+            counts.num_accepted_tokens += num_accepted
 
     def _propose_drafts(self) -> None:
         """Drafts for each running sequence that is decoding, at most one token short of what it may still
@@ -471,7 +489,8 @@ class EngineCore:
     ) -> None:
         """The step's spans for ``seq``: its forward pass (``prefill`` or ``decode``, start → where sampling
         began), then ``sample`` (→ the step's end) if the step sampled it a token. A decode that carried
-        drafts says how many (``drafted``) and how many the model kept (``accepted``)."""
+        drafts says how many (``drafted``) and how many the model kept (``accepted``); under tensor parallelism
+        the forward's seconds in collectives are there too (``collective_s``)."""
         start_s, sampled_s, end_s = times_s
         if seq.metrics.first_scheduled_time_s is None:
             seq.metrics.first_scheduled_time_s = start_s
@@ -479,8 +498,11 @@ class EngineCore:
         if not self.tracer.enabled:
             return
         kind = "decode" if seq.num_uncomputed_tokens == 1 and seq.output_token_ids else "prefill"
-        drafts = {"drafted": len(seq.draft_token_ids), "accepted": num_accepted} if seq.draft_token_ids else {}
-        self.tracer.span(seq.request_id, kind, start_s, sampled_s, tokens=num_new, batch_tokens=batch_tokens, **drafts)
+        extra = {"drafted": len(seq.draft_token_ids), "accepted": num_accepted} if seq.draft_token_ids else {}
+        # A model split across processes says how long the step's forward waited in collectives.
+        if (collective_s := getattr(self.executor, "collective_s", None)) is not None:
+            extra["collective_s"] = collective_s
+        self.tracer.span(seq.request_id, kind, start_s, sampled_s, tokens=num_new, batch_tokens=batch_tokens, **extra)
         if sampled and sampled_s < end_s:
             self.tracer.span(seq.request_id, "sample", sampled_s, end_s)
 
@@ -522,6 +544,7 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting) + len(self.scheduler.swapped),
+            num_verify_steps=self.num_verify_steps,
             num_draft_tokens=self.num_draft_tokens,
             num_accepted_tokens=self.num_accepted_tokens,
         )

@@ -9,13 +9,15 @@ The protocol is a few tuples over a ``multiprocessing`` pipe. To the core:
 
 * ``("add", AddRequest)``
 * ``("abort", request_id)``
+* ``("speculation", enabled)`` – turn speculative decoding off (a server's degraded mode) or back on
 * ``("trace",)`` – send back every trace event recorded so far
 * ``("shutdown", trace_path_or_None)``
 
 From the core:
 
 * ``("ready", EngineInfo)`` once, or ``("startup_error", message)`` and the process ends;
-* ``("step", [OutputDelta, ...], EngineStats)`` after every step that produced something;
+* ``("step", [OutputDelta, ...], EngineStats, ServiceRates)`` after every step that produced something (the
+  rates measured over the recent steps, :mod:`~minserve.engine.service_rates`, for admission control);
 * ``("rejected", request_id, message)`` when ``add_request`` refused a request;
 * ``("trace", [TraceEvent, ...])``;
 * ``("dead", message)`` when a step raised: the core cannot vouch for its state any more and ends (the
@@ -36,6 +38,7 @@ from minserve.config import EngineConfig
 from minserve.engine.engine import EngineStats, LLMEngine
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.service_rates import ServiceRateMeter
 
 
 @dataclass(frozen=True)
@@ -94,15 +97,17 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
         str(engine.model_dir), engine.model_config.vocab_size, engine.max_model_len, capacity, engine.stats()
     )
     conn.send(("ready", info))
+    meter = ServiceRateMeter()
+    engine.core.observers.append(meter)
     try:
-        _serve(engine, conn)
+        _serve(engine, conn, meter)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the front end is gone: so is the reason to run
     finally:
         engine.shutdown()  # a tensor-parallel engine's ranks stop with it
 
 
-def _serve(engine: LLMEngine, conn: Connection) -> None:
+def _serve(engine: LLMEngine, conn: Connection, meter: ServiceRateMeter) -> None:
     sent_tokens: dict[str, int] = {}  # per request, how many token ids the front end already has
     while True:
         if not engine.has_unfinished_requests():
@@ -116,7 +121,8 @@ def _serve(engine: LLMEngine, conn: Connection) -> None:
             conn.send(("dead", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
             return
         if outputs:
-            conn.send(("step", [_delta(output, sent_tokens) for output in outputs], engine.stats()))
+            deltas = [_delta(output, sent_tokens) for output in outputs]
+            conn.send(("step", deltas, engine.stats(), meter.rates))
 
 
 def _handle(engine: LLMEngine, conn: Connection, message: tuple) -> bool:
@@ -132,6 +138,8 @@ def _handle(engine: LLMEngine, conn: Connection, message: tuple) -> bool:
             conn.send(("rejected", r.request_id, str(error)))
     elif kind == "abort":
         engine.abort_request(message[1])
+    elif kind == "speculation":
+        engine.core.speculation_enabled = message[1]
     elif kind == "trace":
         conn.send(("trace", list(engine.tracer.events)))
     elif kind == "shutdown":

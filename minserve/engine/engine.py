@@ -15,6 +15,7 @@ import time
 import torch
 
 from minserve.config import EngineConfig, SchedulerConfig
+from minserve.engine import pipeline_parallel, tensor_parallel
 from minserve.engine.core import EngineCore, EngineStats, WallClock
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
@@ -27,11 +28,11 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
-from minserve.engine.tensor_parallel import ParallelGroup
 from minserve.model.kv_quant import resolve_kv_cache_dtype
 from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.parallel import check_tensor_parallel
+from minserve.parallel.pipeline import PipelineStats, check_pipeline_parallel
 from minserve.trace import Tracer
 
 Prompt = str | list[int]
@@ -48,16 +49,25 @@ class LLMEngine:
         self.device = _resolve_device(config.device)
         self.tokenizer = Tokenizer(self.model_dir)
         self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
-        # Tensor parallelism: the other ranks start now and build their shards beside this one's.
+        # Tensor or pipeline parallelism: the other ranks start now and build their parts beside this one's.
         self.parallel = None
         if config.tensor_parallel_size > 1:
-            check_tensor_parallel(load_config(self.model_dir), config.tensor_parallel_size)  # before any rank starts
-            self.parallel = ParallelGroup.start(config, self.device)
-        comm = None if self.parallel is None else self.parallel.comm
+            check_tensor_parallel(  # before any rank starts
+                load_config(self.model_dir), config.tensor_parallel_size, config.enable_expert_parallel
+            )
+            self.parallel = tensor_parallel.start(config, self.device)
+        elif config.pipeline_parallel_size > 1:
+            check_pipeline_parallel(load_config(self.model_dir), config.pipeline_parallel_size)  # likewise
+            self.parallel = pipeline_parallel.start(config, self.device)
+        comm = self.parallel.comm if config.tensor_parallel_size > 1 else None
         self.model = build_model(config, self.model_dir, self.device, self.dtype, self.tokenizer, comm)
         self.model_config = self.model.config
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.kv_scales = kv_scales(self.model, self.tokenizer, self.kv_cache_dtype, self.device)
+        if config.pipeline_parallel_size > 1:  # stage 0 keeps its layers, calibrated above on the whole model
+            self.kv_scales = pipeline_parallel.cut_to_stage(
+                self.model, self.kv_scales, 0, config.pipeline_parallel_size
+            )
         model_limit = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.scheduler_config = self._scheduler_config()
@@ -67,7 +77,8 @@ class LLMEngine:
             ModelRunner(self.model, *cache) if self.parallel is None else self.parallel.runner(self.model, *cache)
         )
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
-        if uses_cuda_graphs(config, self.device, self.model.backend.name):
+        # A mixture of experts sizes each expert's batch from its count on the CPU: a graph cannot record that.
+        if uses_cuda_graphs(config, self.device, self.model.backend.name) and not self.model_config.moe_layers:
             self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
         if config.compile_model:
             self.runner.compile_decode()
@@ -182,10 +193,11 @@ class LLMEngine:
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes, every layer, in the cache's element type, in this process (under
-        tensor parallelism a rank holds only its KV heads: the same memory a rank has holds n× the tokens)."""
+        tensor parallelism a rank holds only its KV heads, under pipeline parallelism only its stage's layers:
+        the same memory a rank has holds more tokens)."""
         c = self.model_config
         element_bytes = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return 2 * c.num_layers * self.model.num_kv_heads * c.head_dim * element_bytes
+        return 2 * len(self.model.layers) * self.model.num_kv_heads * c.head_dim * element_bytes
 
     def kv_bytes_per_block(self) -> int:
         return self.kv_bytes_per_token() * self.config.block_size
@@ -226,15 +238,24 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         return self.core.stats(kv_cache_bytes=self.runner.kv_cache_bytes)
 
+    def pipeline_stats(self, reset: bool = False) -> PipelineStats:
+        """Under pipeline parallelism, each stage's micro-batch timeline of the steps run (since the last
+        ``reset``) and the bubble measured beside ``(p − 1) / (m + p − 1)`` (:mod:`minserve.parallel.pipeline`)."""
+        if not isinstance(self.runner, pipeline_parallel.PipelineRunner):
+            raise ValueError("pipeline_stats needs a pipeline: start the engine with pipeline_parallel_size > 1")
+        return self.runner.pipeline_stats(reset)
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (an engine dropped without this kills them instead)."""
+        """Stop the parallel workers, if any (an engine dropped without this kills them instead)."""
         if self.parallel is not None:
             self.parallel.shutdown()
 
 
 def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -> bool:
-    """Decode steps run as CUDA graphs on a GPU with the Triton backend, unless switched off."""
-    return config.enable_cuda_graphs and device.type == "cuda" and backend == "triton"
+    """Decode steps run as CUDA graphs on a GPU with the Triton backend, unless switched off; not under
+    pipeline parallelism, whose steps are split into micro-batches."""
+    return (config.enable_cuda_graphs and device.type == "cuda" and backend == "triton"
+            and config.pipeline_parallel_size == 1)  # fmt: skip
 
 
 def _resolve_device(device: str) -> torch.device:

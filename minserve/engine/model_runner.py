@@ -34,7 +34,8 @@ class ModelRunner:
         kv_scales: list[torch.Tensor] | None = None,
     ) -> None:
         """``kv_cache_dtype`` is the model's own by default; an 8-bit one (int8, float8_e4m3fn) needs each
-        layer's ``[2, num_kv_heads]`` ``kv_scales`` (see :mod:`minserve.model.kv_quant`)."""
+        layer's ``[2, num_kv_heads]`` ``kv_scales`` (see :mod:`minserve.model.kv_quant`). The cache holds the
+        layers ``model`` has: all of them, or a pipeline stage's."""
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.compiled: CompiledDecode | None = None  # set by compile_decode
@@ -44,7 +45,7 @@ class ModelRunner:
         config = model.config
         self.kv_cache_dtype = kv_cache_dtype or self.dtype
         self.kv_caches = allocate_kv_cache(
-            config.num_layers, num_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            len(model.layers), num_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
             self.device,
         )  # fmt: skip
         model.set_kv_caches(self.kv_caches, kv_scales)
@@ -54,7 +55,7 @@ class ModelRunner:
         self.sampling_started_s: float | None = None
         # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
         self.cpu_kv_caches = allocate_kv_cache(
-            config.num_layers, num_cpu_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
+            len(model.layers), num_cpu_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
             "cpu",
         ) if num_cpu_blocks else []  # fmt: skip
         if num_cpu_blocks and self.device.type == "cuda":

@@ -1,7 +1,8 @@
 """Building the model an engine serves, the same way in every process that holds a part of it.
 
-Load the checkpoint, keep this rank's slice (tensor parallelism, :mod:`minserve.parallel`), quantize,
-choose the backend, and with an 8-bit cache measure its scales. Under tensor parallelism every rank runs
+Load the checkpoint, keep this rank's slice (tensor parallelism, and with ``enable_expert_parallel`` its
+whole experts of each mixture of experts: :mod:`minserve.parallel`), quantize, choose the backend, and
+with an 8-bit cache measure its scales. Under tensor parallelism every rank runs
 these steps in the same order, because two of them run forward passes whose collectives need every rank
 at once: activation-aware int4's scale search and the 8-bit cache's calibration (each rank then measures
 its own heads).
@@ -34,7 +35,7 @@ def build_model(
     """The model as ``config`` asks for it: this rank's shard (``comm``), quantized, on its backend."""
     model = load_model(model_dir, dtype, device)
     if comm is not None:
-        shard_model(model, comm)
+        shard_model(model, comm, expert_parallel=config.enable_expert_parallel)
     if config.quant_scheme is not None:
         quantize_model(model, config.quant_scheme, model_dir, calibration_ids(tokenizer, device))
     model.set_backend(resolve_backend(config.backend, device))
@@ -48,7 +49,9 @@ def kv_scales(
     None for a cache in the model's own dtype."""
     if kv_cache_dtype == next(model.parameters()).dtype:
         return None
-    return calibrate_kv_scales(model, calibration_ids(tokenizer, device), kv_cache_dtype)
+    scales = calibrate_kv_scales(model, calibration_ids(tokenizer, device), kv_cache_dtype)
+    model.reset_expert_load()  # a mixture of experts counted the calibration text: no load the engine served
+    return scales
 
 
 def calibration_ids(tokenizer: Tokenizer, device: torch.device) -> torch.Tensor:

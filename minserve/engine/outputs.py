@@ -18,6 +18,23 @@ class RequestMetrics:
     finish_time_s: float | None = None
     first_scheduled_time_s: float | None = None  # when its first step began: the end of its queueing
     waiting_s: float = 0.0  # all the time it spent waiting: queued at first, and again after each preemption
+    # Speculative decoding (all zero without it): the steps that verified drafts for this request, the draft
+    # tokens they carried, and the ones the model kept.
+    num_verify_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Fraction of this request's draft tokens the model kept (None if none were drafted)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens a verifying step gave this request, on average: the drafts it kept plus the one the model
+        sampled after them (vLLM's "mean acceptance length"; 1 means speculation gained nothing)."""
+        steps = self.num_verify_steps
+        return 1 + self.num_accepted_tokens / steps if steps else None
 
     @property
     def queue_s(self) -> float | None:

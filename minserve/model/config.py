@@ -2,7 +2,10 @@
 
 One frozen dataclass covers Llama 2/3, Mistral, Qwen2 and Qwen3: they differ only in a few switches
 (bias on the q/k/v projections, RMSNorm on q and k, an explicit head size, a rope scaling rule, a sliding
-window). Anything outside that family is refused here, before a single tensor is read.
+window). Mixtral and Qwen3-MoE are the same models with a mixture of experts in place of the MLP in some
+layers (:class:`~minserve.model.llama.SparseMoE`): a few more fields say how many experts, how many a token
+visits, how wide each is and which layers have them. Anything outside that family is refused here, before a
+single tensor is read.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
+# Config keys of mixture-of-experts designs minserve's SparseMoE does not compute (DeepSeek's and Qwen2-MoE's
+# shared experts, grouped or sigmoid routing): a config carrying one of them describes another model.
+UNSUPPORTED_MOE_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "topk_group", "scoring_func")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -60,6 +69,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     torch_dtype: str = "float32"
+    # Mixture of experts (Mixtral, Qwen3-MoE); a dense model keeps the defaults.
+    num_experts: int = 0  # experts in each sparse layer
+    num_experts_per_tok: int = 0  # top-k: the experts each token is sent to
+    moe_intermediate_size: int = 0  # each expert's SwiGLU width (intermediate_size is the dense MLP's)
+    norm_topk_prob: bool = False  # rescale a token's top-k router probabilities to sum to 1 (Mixtral: always)
+    moe_layers: tuple[int, ...] = ()  # the decoder layers whose MLP is a mixture of experts
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        """The decoder layers with an ordinary MLP: every layer of a dense model."""
+        return tuple(i for i in range(self.num_layers) if i not in self.moe_layers)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -86,12 +106,15 @@ class ModelConfig:
         attention_bias = bool(hf.get("attention_bias", False))
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ModelConfigError(f"hidden_act={hf['hidden_act']!r} is not supported; minserve's MLP is SwiGLU (silu)")
+        num_layers = _require_int(hf, "num_hidden_layers")
         return cls(
             family=family,
             vocab_size=_require_int(hf, "vocab_size"),
             hidden_size=hidden,
             intermediate_size=_require_int(hf, "intermediate_size"),
-            num_layers=_require_int(hf, "num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -100,14 +123,15 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or (family in ("llama", "qwen3") and attention_bias),
-            o_bias=family in ("llama", "qwen3") and attention_bias,
+            qkv_bias=family == "qwen2" or (family in ("llama", "qwen3", "qwen3_moe") and attention_bias),
+            o_bias=family in ("llama", "qwen3", "qwen3_moe") and attention_bias,
             mlp_bias=bool(hf.get("mlp_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             sliding_window=_sliding_window(hf, family),
             eos_token_ids=eos_ids,
             bos_token_id=hf.get("bos_token_id"),
             torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "float32"),
+            **(_mixture_of_experts(hf, family, num_layers) if family in MOE_FAMILIES else {}),
         )
 
 
@@ -154,7 +178,7 @@ def _sliding_window(hf: dict[str, Any], family: str) -> int | None:
     window = hf.get("sliding_window")
     if window is None:
         return None
-    if family in ("qwen2", "qwen3"):
+    if family in ("qwen2", "qwen3", "qwen3_moe"):
         # Qwen carries a window in every config but applies it only with use_sliding_window, and then only
         # to some layers (max_window_layers); that per-layer rule is not implemented.
         if hf.get("use_sliding_window", False):
@@ -163,3 +187,35 @@ def _sliding_window(hf: dict[str, Any], family: str) -> int | None:
     if int(window) >= int(hf.get("max_position_embeddings", 2048)):
         return None  # the window never binds
     return int(window)
+
+
+def _mixture_of_experts(hf: dict[str, Any], family: str, num_layers: int) -> dict[str, Any]:
+    """The MoE fields of :class:`ModelConfig` for Mixtral and Qwen3-MoE.
+
+    Mixtral: every layer sparse, experts as wide as ``intermediate_size``, the top-k renormalised. Qwen3-MoE:
+    ``moe_intermediate_size`` wide, ``norm_topk_prob`` chooses the renormalisation, and layer ``i`` is sparse
+    unless listed in ``mlp_only_layers`` or ``i + 1`` is no multiple of ``decoder_sparse_step`` (as
+    transformers builds it); its other layers keep a dense MLP ``intermediate_size`` wide.
+    """
+    found = [key for key in UNSUPPORTED_MOE_KEYS if hf.get(key) not in (None, 0, "softmax")]
+    if found:
+        raise ModelConfigError(
+            f"mixture-of-experts features {', '.join(found)} (shared experts, grouped or non-softmax routing) are "
+            "not supported; minserve routes each token to its top-k of one set of experts by softmax"
+        )
+    experts = _require_int(hf, "num_experts" if "num_experts" in hf else "num_local_experts")
+    top_k = _require_int(hf, "num_experts_per_tok")
+    if top_k > experts:
+        raise ModelConfigError(f"num_experts_per_tok ({top_k}) must be at most the number of experts ({experts})")
+    if family == "mixtral":
+        width = _require_int(hf, "intermediate_size")
+        return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                    norm_topk_prob=True, moe_layers=tuple(range(num_layers)))  # fmt: skip
+    step = _require_int(hf, "decoder_sparse_step") if "decoder_sparse_step" in hf else 1
+    dense = hf.get("mlp_only_layers") or []
+    if not all(isinstance(i, int) and 0 <= i < num_layers for i in dense):
+        raise ModelConfigError(f"mlp_only_layers {dense} must list layer indices from 0 to {num_layers - 1}")
+    sparse = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
+    return dict(num_experts=experts, num_experts_per_tok=top_k, moe_layers=sparse,
+                moe_intermediate_size=_require_int(hf, "moe_intermediate_size"),
+                norm_topk_prob=bool(hf.get("norm_topk_prob", False)))  # fmt: skip

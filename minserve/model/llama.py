@@ -1,8 +1,9 @@
-"""The Llama family in one file: Llama 2/3, Mistral, Qwen2 and Qwen3.
+"""The Llama family in one file: Llama 2/3, Mistral, Qwen2 and Qwen3, and Mixtral and Qwen3-MoE.
 
-Read it top to bottom: RMSNorm, rotary embeddings, attention, the SwiGLU MLP, a decoder layer, the model.
-The families differ only in switches on :class:`~minserve.model.config.ModelConfig` (q/k/v bias, q/k norm,
-head size, rope scaling, sliding window), so there is one code path.
+Read it top to bottom: RMSNorm, rotary embeddings, attention, the SwiGLU MLP, the mixture of experts that
+replaces it in a sparse model, a decoder layer, the model. The families differ only in switches on
+:class:`~minserve.model.config.ModelConfig` (q/k/v bias, q/k norm, head size, rope scaling, sliding window,
+which layers hold experts), so there is one code path.
 
 The model works on a *flat* batch: ``input_ids`` and ``positions`` are ``[num_tokens]`` tensors holding the
 new tokens of every sequence in the step, and :class:`~minserve.model.attention.AttentionMetadata` says
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from minserve.model.attention import AttentionMetadata
@@ -114,28 +116,103 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), ``intermediate_size`` wide (the config's, or an expert's)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.intermediate_size = intermediate_size or config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(self.intermediate_size, config.hidden_size, bias=config.mlp_bias)
         self.backend: TorchBackend = TORCH
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.backend.silu_and_mul(self.gate_up_proj(x)))
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x))."""
+class TopKRouter(nn.Module):
+    """Which experts each token goes to, and with what weight: softmax over the experts' scores, the top k
+    kept, renormalised to sum to 1 where the config says so (Mixtral always; Qwen3-MoE by ``norm_topk_prob``)."""
 
     def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))  # the checkpoint's `gate`
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[tokens, hidden]`` → (weights ``[tokens, top_k]`` in x's dtype, expert ids ``[tokens, top_k]``)."""
+        probs = torch.softmax(F.linear(x, self.weight).float(), dim=-1)
+        weights, expert_ids = probs.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), expert_ids
+
+
+def run_grouped(experts: nn.ModuleList, rows: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """Each row of ``rows`` ``[n, hidden]`` through the expert ``expert_ids[row]`` (an index into ``experts``).
+
+    Rows are sorted by expert, each expert runs once on its group (one matmul per expert, not per token; none
+    for an expert no row chose), and the outputs are put back in the rows' order.
+    """
+    order = expert_ids.argsort(stable=True)
+    group_sizes = torch.bincount(expert_ids, minlength=len(experts)).tolist()
+    groups = rows[order].split(group_sizes)
+    outputs = torch.empty_like(rows)
+    outputs[order] = torch.cat([expert(group) if len(group) else group for expert, group in zip(experts, groups)])
+    return outputs
+
+
+def weighted_sum(outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """A token's experts' outputs ``[tokens * top_k, hidden]`` (pair ``p`` is token ``p // top_k``) added
+    with its router weights ``[tokens, top_k]`` → ``[tokens, hidden]``."""
+    return (outputs.view(*weights.shape, outputs.shape[-1]) * weights[..., None]).sum(dim=1)
+
+
+class SparseMoE(nn.Module):
+    """A mixture of experts in place of the MLP (Mixtral's ``block_sparse_moe``, Qwen3-MoE's ``mlp``).
+
+    ``num_experts`` SwiGLU experts and a router; each token runs through only its ``top_k`` experts, and their
+    outputs are added with the router's weights. So a token costs ``top_k`` experts' FLOPs while the layer
+    holds ``num_experts`` of them: the weights grow, the work per token does not.
+
+    ``tokens_per_expert`` counts the (token, expert) pairs routed to each expert since the model was built or
+    last reset (:meth:`LlamaForCausalLM.reset_expert_load`): the load chapter 06 reads.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = config.num_experts, config.num_experts_per_tok
+        self.gate = TopKRouter(config)
+        self.experts = nn.ModuleList(MLP(config, config.moe_intermediate_size) for _ in range(config.num_experts))
+        # A plain attribute (like RotaryEmbedding.inv_freq), not a buffer: neither loaded nor cast with the weights.
+        self.tokens_per_expert = torch.zeros(config.num_experts, dtype=torch.long, device="cpu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, expert_ids = self.gate(x)  # [tokens, top_k] each
+        pair_experts = expert_ids.flatten()  # pair p: token p // top_k, its (p % top_k)-th expert
+        self.count(pair_experts)
+        outputs = run_grouped(self.experts, x.repeat_interleave(self.top_k, dim=0), pair_experts)
+        return weighted_sum(outputs, weights)
+
+    def count(self, pair_experts: torch.Tensor) -> None:
+        """Add the routed (token, expert) pairs to :attr:`tokens_per_expert`."""
+        routed = torch.bincount(pair_experts, minlength=self.num_experts)
+        # Not in place: a counter made under inference_mode could not be added to outside it, nor the reverse.
+        self.tokens_per_expert = self.tokens_per_expert.to(routed.device) + routed
+
+    def reset_load(self) -> None:
+        self.tokens_per_expert = torch.zeros(self.num_experts, dtype=torch.long, device="cpu")
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(x)); in a sparse layer the MLP is a
+    mixture of experts."""
+
+    def __init__(self, config: ModelConfig, sparse: bool = False) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoE(config) if sparse else MLP(config)
 
     def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         attended = self.self_attn(rope, self.input_layernorm(x), meta)
@@ -151,7 +228,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(config)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i in config.moe_layers) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -175,9 +252,24 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(module, (RMSNorm, Attention, MLP)):
                 module.backend = backend
 
+    def expert_load(self) -> torch.Tensor:
+        """``[moe layers, num_experts]``: the (token, expert) pairs routed to each expert of each sparse layer
+        since the model was built or :meth:`reset_expert_load` (each row sums to tokens × top_k). Empty for a
+        dense model."""
+        counts = [moe.tokens_per_expert.cpu() for moe in self.moe_blocks()]
+        return torch.stack(counts) if counts else torch.zeros(0, 0, dtype=torch.long)
+
+    def reset_expert_load(self) -> None:
+        for moe in self.moe_blocks():
+            moe.reset_load()
+
+    def moe_blocks(self) -> list[nn.Module]:
+        """The sparse layers' mixtures of experts (a :class:`SparseMoE`, or a parallel one swapped in for it)."""
+        return [layer.mlp for layer in self.layers if hasattr(layer.mlp, "tokens_per_expert")]
+
     @property
     def backend(self) -> TorchBackend:
-        return self.norm.backend
+        return self.layers[0].input_layernorm.backend  # every pipeline stage has layers, not every one the norm
 
     @property
     def num_kv_heads(self) -> int:

@@ -65,6 +65,9 @@ _FUSED = {
     "up_proj": ("gate_up_proj", 1),
 }
 _IGNORED = re.compile(r"rotary_emb\.inv_freq$")
+# Mixtral's names for an MoE layer's parts: its block_sparse_moe.experts.0.w1 is Qwen3-MoE's mlp.experts.0.gate_proj.
+_MIXTRAL_NAMES = {"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_STACKED_EXPERTS = re.compile(r"^(?P<experts>.*\.experts)\.(?P<part>gate_up_proj|down_proj)$")
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -201,7 +204,7 @@ def load_model(
         model.lm_head.weight = model.embed_tokens.weight
     params = dict(model.named_parameters())
     filled: dict[str, set[int | None]] = {}
-    for hf_name, file, tensor in iter_checkpoint_tensors(model_path, config):
+    for hf_name, file, tensor in _per_expert(iter_checkpoint_tensors(model_path, config)):
         if _IGNORED.search(hf_name) or (config.tie_word_embeddings and hf_name == "lm_head.weight"):
             continue
         name, shard = minserve_name(hf_name)
@@ -218,22 +221,50 @@ def load_model(
     return model.eval()
 
 
+def _per_expert(
+    tensors: Iterator[tuple[str, Path, torch.Tensor]],
+) -> Iterator[tuple[str, Path, torch.Tensor]]:
+    """The hub's layout of an MoE layer: one 2-D tensor per expert and projection.
+
+    transformers 5 holds a layer's experts stacked, ``experts.gate_up_proj`` ``[experts, 2 × width, hidden]``
+    (gate rows, then up rows) and ``experts.down_proj`` ``[experts, hidden, width]``; its ``save_pretrained``
+    writes the hub's per-expert tensors back unless told ``save_original_format=False``. Stacked ones are cut
+    here into the per-expert names, so both load.
+    """
+    for hf_name, file, tensor in tensors:
+        stacked = _STACKED_EXPERTS.match(hf_name)
+        if stacked is None or tensor.dim() != 3:
+            yield hf_name, file, tensor
+            continue
+        for expert, weight in enumerate(tensor):
+            name = f"{stacked['experts']}.{expert}"
+            if stacked["part"] == "down_proj":
+                yield f"{name}.down_proj.weight", file, weight
+            else:
+                gate, up = weight.chunk(2)
+                yield f"{name}.gate_proj.weight", file, gate
+                yield f"{name}.up_proj.weight", file, up
+
+
 def minserve_name(hf_name: str) -> tuple[str, int | None]:
     """``model.layers.0.self_attn.k_proj.weight`` → (``layers.0.self_attn.qkv_proj.weight``, 1)."""
     name = hf_name.removeprefix("model.")
     parts = name.split(".")
+    if "block_sparse_moe" in parts:
+        parts = [_MIXTRAL_NAMES.get(part, part) for part in parts]
     for i, part in enumerate(parts):
         if part in _FUSED:
             fused, shard = _FUSED[part]
             return ".".join([*parts[:i], fused, *parts[i + 1 :]]), shard
-    return name, None
+    return ".".join(parts), None
 
 
 def shard_sizes(config: ModelConfig, fused_name: str) -> list[int]:
     if "qkv_proj" in fused_name:
         q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         return [q, kv, kv]
-    return [config.intermediate_size, config.intermediate_size]
+    width = config.moe_intermediate_size if ".experts." in fused_name else config.intermediate_size
+    return [width, width]
 
 
 def _shard_view(param: torch.Tensor, name: str, shard: int | None, config: ModelConfig) -> torch.Tensor:

@@ -18,6 +18,11 @@ them), and the head's logits are all-gathered, a ``1 / n`` slice of the vocabula
 cache is split with the heads: each rank stores its own KV heads, so the same memory per rank holds ``n``
 times the tokens.
 
+A mixture-of-experts layer is split one of two ways. By default each expert is split like the MLP (its
+``1 / n`` of every expert's gate, up and down), and one all-reduce adds the layer's partial sums; the router
+stays whole on every rank, so every rank routes every token alike. With ``expert_parallel`` each rank keeps
+whole experts instead, ``num_experts / n`` of them, and tokens travel to them (:mod:`.expert_parallel`).
+
 The collectives ride on forward hooks, which a module swapped in later (a quantized linear) takes over
 (:func:`minserve.quant.swap.quantize_model` keeps them), so quantization and tensor parallelism compose.
 """
@@ -29,14 +34,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from minserve.model.config import ModelConfig
+from minserve.model.llama import SparseMoE
 from minserve.parallel.comm import Communicator
+from minserve.parallel.expert_parallel import ExpertParallelMoE
 
 
-def check_tensor_parallel(config: ModelConfig, size: int) -> None:
+def check_tensor_parallel(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
     """Raise ``ValueError`` naming the sizes that work unless ``size`` ranks can split ``config``'s heads, KV
-    heads and MLP evenly."""
-    parts = {"attention heads": config.num_heads, "KV heads": config.num_kv_heads,
-             "MLP width": config.intermediate_size}  # fmt: skip
+    heads, MLP and experts evenly (with ``expert_parallel``, the experts themselves, else each expert's width);
+    expert parallelism of a model without experts is refused."""
+    if expert_parallel and not config.moe_layers:
+        raise ValueError(
+            f"enable_expert_parallel splits a mixture-of-experts model's experts across ranks, and this "
+            f"{config.family} model is dense (no experts): drop enable_expert_parallel"
+        )
+    parts = {"attention heads": config.num_heads, "KV heads": config.num_kv_heads}
+    if config.dense_layers:
+        parts["MLP width"] = config.intermediate_size
+    if config.moe_layers and expert_parallel:
+        parts["experts"] = config.num_experts
+    elif config.moe_layers:
+        parts["expert width"] = config.moe_intermediate_size
     if size < 1 or any(count % size for count in parts.values()):
         working = [n for n in range(1, config.num_kv_heads + 1) if all(c % n == 0 for c in parts.values())]
         counts = ", ".join(f"{count} {name}" for name, count in parts.items())
@@ -46,12 +64,18 @@ def check_tensor_parallel(config: ModelConfig, size: int) -> None:
         )
 
 
-def shard_model(model: nn.Module, comm: Communicator) -> nn.Module:
-    """Keep rank ``comm.rank``'s slice of every layer of ``model``, in place (see the module docstring)."""
-    check_tensor_parallel(model.config, comm.world_size)
+def shard_model(model: nn.Module, comm: Communicator, expert_parallel: bool = False) -> nn.Module:
+    """Keep rank ``comm.rank``'s slice of every layer of ``model``, in place (see the module docstring); with
+    ``expert_parallel``, its whole experts of each mixture-of-experts layer."""
+    check_tensor_parallel(model.config, comm.world_size, expert_parallel)
     for layer in model.layers:
         _shard_attention(layer.self_attn, comm)
-        _shard_mlp(layer.mlp, comm)
+        if isinstance(layer.mlp, SparseMoE) and expert_parallel:
+            layer.mlp = ExpertParallelMoE(layer.mlp, comm)
+        elif isinstance(layer.mlp, SparseMoE):
+            _shard_experts(layer.mlp, comm)
+        else:
+            _shard_mlp(layer.mlp, comm)
     vocab = model.config.vocab_size
     tied = model.lm_head.weight is model.embed_tokens.weight
     model.embed_tokens = VocabParallelEmbedding(model.embed_tokens.weight, comm)
@@ -73,12 +97,20 @@ def _shard_attention(attn: nn.Module, comm: Communicator) -> None:
     attn.q_size, attn.kv_size = heads * d, kv_heads * d
 
 
-def _shard_mlp(mlp: nn.Module, comm: Communicator) -> None:
+def _shard_mlp(mlp: nn.Module, comm: Communicator, all_reduce: bool = True) -> None:
     width = mlp.intermediate_size // comm.world_size
     mine = torch.arange(comm.rank * width, (comm.rank + 1) * width)
     mlp.gate_up_proj = _rows_of(mlp.gate_up_proj, torch.cat([mine, mlp.intermediate_size + mine]))
-    mlp.down_proj = _row_parallel(mlp.down_proj, mine, comm)
+    mlp.down_proj = _row_parallel(mlp.down_proj, mine, comm, all_reduce)
     mlp.intermediate_size = width
+
+
+def _shard_experts(moe: SparseMoE, comm: Communicator) -> None:
+    """Every expert split like the MLP; the layer's output is a weighted sum of partial sums, so one
+    all-reduce of it (not one per expert) completes them all."""
+    for expert in moe.experts:
+        _shard_mlp(expert, comm, all_reduce=False)
+    moe.register_forward_hook(lambda _module, _inputs, out: comm.all_reduce(out))
 
 
 def _rows_of(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
@@ -87,11 +119,13 @@ def _rows_of(linear: nn.Linear, rows: torch.Tensor) -> nn.Linear:
     return _linear(linear.weight[rows], bias)
 
 
-def _row_parallel(linear: nn.Linear, columns: torch.Tensor, comm: Communicator) -> nn.Linear:
-    """Row parallel: the input features ``columns`` of ``linear``; its output all-reduced, the bias added once."""
+def _row_parallel(linear: nn.Linear, columns: torch.Tensor, comm: Communicator, all_reduce: bool = True) -> nn.Linear:
+    """Row parallel: the input features ``columns`` of ``linear``; its output all-reduced (unless the caller
+    reduces a later sum), the bias added once."""
     bias = linear.bias if linear.bias is not None and comm.rank == 0 else None
     sliced = _linear(linear.weight[:, columns], bias)
-    sliced.register_forward_hook(lambda _module, _inputs, out: comm.all_reduce(out))
+    if all_reduce:
+        sliced.register_forward_hook(lambda _module, _inputs, out: comm.all_reduce(out))
     return sliced
 
 

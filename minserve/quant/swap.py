@@ -9,6 +9,11 @@ The token embedding and the norms stay in full precision: a decode step reads on
 so narrowing it would save memory but hardly any bytes moved. (With tied embeddings the head's int8 copy
 is extra memory beside the float embedding; :func:`weight_bytes` counts both.)
 
+In a mixture of experts every expert is an MLP, so its ``gate_up_proj`` and ``down_proj`` take the format
+like any other; the router (``gate``) is no ``nn.Linear`` and stays in full precision: it is tiny, and its
+rounding would change which experts a token visits. ``int4-awq`` is refused there: it folds its scales into
+the norm in front of the MLP, which the router and every expert read alike.
+
 int4 groups 64 inputs by default: torch's CPU kernel takes groups of 32, 64, 128 or 256, and SmolLM2's
 576-wide hidden size is a multiple of 64 but not of 128. A layer that no group size tiles keeps int8.
 ``int4-awq`` is int4 with its rounding made activation-aware first (:mod:`.awq`).
@@ -105,6 +110,11 @@ def quantize_model(
     device) first and folds them into the float model (:mod:`.awq`); it quantizes every layer from its
     float weight, a GGUF file's stored blocks included, since the scales change what is rounded.
     """
+    if scheme.activation_aware and model.config.moe_layers:
+        raise QuantizationError(
+            f"{ACTIVATION_AWARE} folds its scales into the norm in front of the MLP, which a mixture of experts' "
+            "router and experts all read: it is not supported for this model; use int4, int8 or fp8"
+        )
     stored = {}
     keep_stored = scheme.format == "int4" and not scheme.activation_aware and scheme.group_size in (None, STORED_BLOCK)
     if keep_stored and checkpoint is not None:

@@ -6,19 +6,22 @@
 No request can stop the server. Every request is checked before it reaches the engine and refused with an
 OpenAI-style 4xx body naming the field (:mod:`~minserve.serve.protocol`); the key and the body's size are
 checked before it is even parsed (:mod:`~minserve.serve.guard`). Tokenizing runs in a worker thread, so a
-long prompt never holds the event loop. Admission is bounded: past ``max_waiting_requests`` queued requests
-the answer is 429 with Retry-After, at once, and the count is exact under any concurrency because the engine's
-front end checks the queue and joins it in one synchronous call. A failure inside one request ends that request
-alone (a 500, or an error event in a stream); a core that dies is restarted by the engine's front end. A
-client that disconnects mid-stream cancels its request, freeing its KV blocks; a request past
-``request_timeout_s`` is cancelled too. Clients never see a traceback: those go to the server's log.
-On shutdown, running requests are drained first.
+long prompt never holds the event loop. Admission is a policy (:mod:`~minserve.serve.admission`): a request
+it refuses gets 429 at once, with a Retry-After predicted from the queue, and its decision is exact under any
+concurrency because the server reads the queue, decides and joins it in one synchronous stretch, no
+``await`` between. Under heavy load, degraded modes (:mod:`~minserve.serve.degrade`) cap what each request
+gets. A failure inside one request ends that request alone (a 500, or an error event in a stream); a core
+that dies is restarted by the engine's front end. A client that disconnects mid-stream cancels its request,
+freeing its KV blocks. A request's deadline (the server's ``request_timeout_s``, or the shorter timeout the
+request sends) travels with it to the engine core, which stops it wherever it is. Clients never see a
+traceback: those go to the server's log. On shutdown, running requests are drained first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,9 +34,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minserve.config import ServerConfig
-from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
+from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
+from minserve.serve import degrade
+from minserve.serve.admission import QueueState, RequestFacts, make_admission, retry_after_header
 from minserve.serve.guard import RequestGuard
 from minserve.serve.metrics import ServerMetrics
 from minserve.serve.protocol import (
@@ -49,16 +54,17 @@ from minserve.serve.responses import CHAT, COMPLETION, Reply, sse_event
 
 logger = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the completions API
+TIMEOUT_HEADER = "X-Request-Timeout"  # seconds, as the body's `timeout`
 
 _ERRORS = {
     400: "invalid request: the message names the field",
     401: "missing or invalid API key",
     404: "the model is not served here",
     413: "request body too large",
-    429: "the waiting queue is full: retry after Retry-After seconds",
+    429: "refused by admission control (the code says why): retry after Retry-After seconds",
     500: "the request failed inside the engine",
     503: "the engine is restarting or the server is shutting down",
-    504: "the request ran past the server's timeout",
+    504: "the request ran past its timeout (the server's, or its own: body timeout, header X-Request-Timeout)",
 }
 _GENERATION_RESPONSES = {status: {"model": ErrorResponse, "description": text} for status, text in _ERRORS.items()}
 
@@ -67,14 +73,25 @@ class ApiError(Exception):
     """An OpenAI-style error answer. ``admitted``: the request had reached the engine (a timeout, say)."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None, admitted: bool = False
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        admitted: bool = False,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.admitted = status, message, param, code, admitted
+        self.headers = headers
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | None = None) -> FastAPI:
+    """The app over ``engine``. ``config.admission`` may be a policy object: chapter 09's exercise plugs its
+    own admission controller in there."""
     config = config or ServerConfig()
+    admission = make_admission(config)
+    degrader = degrade.make_degrader(config, engine.set_speculation)
     metrics = ServerMetrics()
     engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
     state = {"draining": False}
@@ -96,14 +113,13 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     ) -> JSONResponse:
         """An error answer for a request that never reached the engine, counted by reason."""
         metrics.requests_rejected.labels(reason=code or "invalid").inc()
-        if status in (429, 503):
-            headers = {**(headers or {}), "Retry-After": str(config.retry_after_s)}
+        if status in (429, 503):  # a Retry-After given (an admission refusal's prediction) wins
+            headers = {"Retry-After": str(config.retry_after_s), **(headers or {})}
         return _error(status, message, param, code, headers)
 
     app.add_middleware(RequestGuard, config=config, refuse=refuse)
     _install_error_handlers(app, refuse)
     app.openapi = lambda: _openapi(app)
-    timeout_message = f"the request took longer than {config.request_timeout_s} s"
 
     @app.get("/health", responses={503: {"description": "the engine is not serving", "model": dict}})
     async def health():
@@ -120,17 +136,19 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
+        queue = QueueState.of(engine)
+        metrics.observe_load(queue, degrader is not None and degrader.observe(queue))
         text = metrics.render(engine.stats(), engine.num_restarts)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions", response_model=None, responses=_documented(CompletionResponse))
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         reply = Reply("", COMPLETION, model_name, engine.tokenizer, logprobs=body.logprobs is not None)
         params = _params(body, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, body.logprobs)
-        return await _run(body, reply, params, lambda: body.prompt)
+        return await _run(body, request, reply, params, lambda: body.prompt)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_documented(ChatCompletionResponse))
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         if body.top_logprobs and not body.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
         reply = Reply("", CHAT, model_name, engine.tokenizer, logprobs=body.logprobs)
@@ -139,7 +157,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         params = _params(body, max_tokens or config.default_max_tokens, top)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         fills_context = max_tokens is None  # the default shrinks to what the context leaves; a request's own does not
-        return await _run(body, reply, params, lambda: _chat_prompt(messages), fills_context)
+        return await _run(body, request, reply, params, lambda: _chat_prompt(messages), fills_context)
 
     def _chat_prompt(messages: list[dict]) -> str:
         try:
@@ -149,6 +167,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
     async def _run(
         body: SamplingFields,
+        request: Request,
         reply: Reply,
         params: SamplingParams,
         render: Callable[[], str | list[int]],
@@ -161,35 +180,52 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         if body.model != model_name:
             raise ApiError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")  # fmt: skip
+        own_timeout_s = _own_timeout_s(body.timeout, request.headers.get(TIMEOUT_HEADER), config.request_timeout_s)
+        timeout_s = own_timeout_s or config.request_timeout_s
         prompt, ids = await _off_the_loop(lambda: _tokenized(render()))
         if fills_context:
             params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
         reply.request_id = f"cmpl-{uuid.uuid4().hex}"
         reply.include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        try:  # checked, counted against the queue limit and queued at once; stopped by the core at the timeout
-            outputs = engine.add_request(
-                prompt, params, reply.request_id, ids, arrival_s, body.priority, config.request_timeout_s,
-                max_waiting=config.max_waiting_requests,
-            )  # fmt: skip
-        except QueueFullError as error:
-            raise ApiError(429, "the waiting queue is full; retry later", code="queue_full") from error
+        # No await from here to add_request: the queue read, the decision and the join are one step of the
+        # event loop, so no other request slips in between and every limit holds under any burst.
+        _refuse_invalid(lambda: engine.inputs.check_fits(ids, params, strict=True))  # a 400 before any 429
+        degraded = _admit(len(ids), params, own_timeout_s)
+        try:  # queued at once; the core stops it at its deadline, wherever it is
+            outputs = engine.add_request(prompt, params, reply.request_id, ids, arrival_s, body.priority, timeout_s)
         except EngineDeadError as error:
             raise ApiError(503, str(error), code="engine_unavailable") from error
         except ValueError as error:
             raise ApiError(400, str(error), param=_param_of(error)) from error
+        headers = {degrade.HEADER: degrader.modes.describe()} if degraded else None
+        timeout_message = f"the request took longer than its timeout of {timeout_s:g} s"
         if body.stream:
-            return StreamingResponse(_sse(reply, outputs), media_type="text/event-stream")
+            return StreamingResponse(_sse(reply, outputs, timeout_message), media_type="text/event-stream",
+                                     headers=headers)  # fmt: skip
         final = await _last(outputs)
         if final.finish_reason == "deadline":
             raise ApiError(504, timeout_message, code="timeout", admitted=True)
         if final.finish_reason == "error":
             raise ApiError(500, final.error or "the request failed in the engine", code="engine_error", admitted=True)
-        return reply.body(final)
+        return JSONResponse(reply.body(final), headers=headers)
+
+    def _admit(num_prompt_tokens: int, params: SamplingParams, own_timeout_s: float | None) -> bool:
+        """Admit the request or raise its 429; return whether degraded modes were applied to it (they may
+        lower ``params.max_tokens``). Synchronous: the caller joins the queue right after."""
+        queue = QueueState.of(engine)
+        degraded = degrader is not None and degrader.observe(queue)
+        refusal = degrader.apply(num_prompt_tokens, params, queue) if degraded else None
+        facts = RequestFacts(num_prompt_tokens, params.max_tokens, own_timeout_s)
+        refusal = refusal or admission.decide(facts, queue)
+        if refusal is not None:
+            retry_after = retry_after_header(refusal.retry_after_s, config.retry_after_s)
+            raise ApiError(429, refusal.message, code=refusal.reason, headers={"Retry-After": retry_after})
+        return degraded
 
     def _tokenized(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
         return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt))
 
-    async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+    async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput], timeout_message: str) -> AsyncIterator[str]:
         first = True
         try:
             async for output in outputs:
@@ -233,6 +269,22 @@ def _params(body: SamplingFields, max_tokens: int, top_logprobs: int | None) -> 
     )
 
 
+def _own_timeout_s(body_s: float | None, header: str | None, server_timeout_s: float) -> float | None:
+    """The timeout a request sent itself, seconds: the shorter of its body's ``timeout`` and its
+    ``X-Request-Timeout`` header, capped by the server's; ``None`` if it sent neither."""
+    sent = [] if body_s is None else [body_s]
+    if header is not None:
+        try:
+            header_s = float(header)
+        except ValueError:
+            header_s = math.nan
+        if not (math.isfinite(header_s) and header_s > 0):
+            raise ApiError(400, f"{TIMEOUT_HEADER}: must be a positive number of seconds, got {header!r}",
+                           param=TIMEOUT_HEADER)  # fmt: skip
+        sent.append(header_s)
+    return min(*sent, server_timeout_s) if sent else None
+
+
 def _refuse_invalid(check: Callable):
     """Run ``check``; a ``ValueError`` (the engine's own messages start with the field) becomes a 400."""
     try:
@@ -271,8 +323,8 @@ def _install_error_handlers(app: FastAPI, refuse: Callable[..., JSONResponse]) -
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
         if error.admitted:  # it ran, and ended badly: the engine's own counters have it
-            return _error(error.status, error.message, error.param, error.code)
-        return refuse(error.status, error.message, error.param, error.code)
+            return _error(error.status, error.message, error.param, error.code, error.headers)
+        return refuse(error.status, error.message, error.param, error.code, error.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):  # 404 and 405 (with its Allow)

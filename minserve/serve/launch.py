@@ -59,7 +59,9 @@ class ServerProcess:
         port: int | None = None,
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
         env: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> None:
+        """``wait=False`` returns once the process is started; :meth:`wait_until_healthy` waits for it."""
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.model = model
@@ -75,13 +77,17 @@ class ServerProcess:
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         atexit.register(self.stop)
-        self._wait_until_healthy(startup_timeout_s)
+        self.startup_timeout_s = startup_timeout_s
+        if wait:
+            self.wait_until_healthy()
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def _wait_until_healthy(self, timeout_s: float) -> None:
+    def wait_until_healthy(self) -> None:
+        """Until its ``/health`` answers 200; a server that exits or takes past its start-up timeout raises."""
+        timeout_s = self.startup_timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -131,3 +137,23 @@ class ServerProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def start_servers(
+    count: int, args: list[str] | tuple[str, ...] = (), model: str = "minserve-tiny"
+) -> list[ServerProcess]:
+    """``count`` servers, started side by side (each loads its model while the others do). If one fails to
+    start, the others are stopped and its error is raised: a caller never holds half a fleet.
+
+    All are started from the calling thread: the die-with-parent signal fires when the *thread* that
+    started a child exits, so children started from a pool's worker threads would be killed with them.
+    """
+    servers = [ServerProcess(args, model, wait=False) for _ in range(count)]
+    try:
+        for server in servers:
+            server.wait_until_healthy()
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
+    return servers

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from minserve.engine.engine import EngineStats
 from minserve.engine.outputs import RequestOutput
+from minserve.serve.admission import QueueState
 from minserve.serve.protocol import finish_reason
 
 LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)
@@ -43,7 +44,17 @@ class ServerMetrics:
         self.waiting = Gauge("minserve:num_requests_waiting", "Requests waiting to be scheduled", registry=r)
         self.kv_usage = Gauge("minserve:kv_cache_usage_perc", "Fraction of KV blocks in use (0–1)", registry=r)
         self.preemptions = Gauge("minserve:num_preemptions", "Preemptions since start", registry=r)
-        # Speculative decoding (zero without it): vLLM's spec_decode counters, as totals since the core started.
+        # Speculative decoding (zero without it): vLLM's spec_decode counters, as totals since the core started,
+        # and the two ratios a dashboard would compute from them.
+        self.verify_steps = Gauge(
+            "minserve:spec_decode_num_drafts", "Steps of a request that verified drafts", registry=r
+        )
+        self.acceptance_rate = Gauge(
+            "minserve:spec_decode_acceptance_rate", "Draft tokens kept / draft tokens verified", registry=r
+        )
+        self.mean_accepted_length = Gauge(
+            "minserve:spec_decode_mean_accepted_length", "Tokens per verifying step (kept drafts + 1)", registry=r
+        )
         self.draft_tokens = Gauge("minserve:spec_decode_num_draft_tokens", "Draft tokens verified", registry=r)
         self.accepted_tokens = Gauge(
             "minserve:spec_decode_num_accepted_tokens", "Draft tokens the model kept", registry=r
@@ -51,6 +62,24 @@ class ServerMetrics:
         self.engine_restarts = Gauge(
             "minserve:engine_restarts", "Engine cores started after the previous one died", registry=r
         )
+        # What admission control decides from (minserve's own, no vLLM name): read at scrape time.
+        self.queued_prompt_tokens = Gauge(
+            "minserve:queued_prompt_tokens", "Prompt tokens of requests with no first token yet", registry=r
+        )
+        self.prefill_rate = Gauge(
+            "minserve:prefill_tokens_per_second", "Measured prefill rate, EWMA over recent steps", registry=r
+        )
+        self.decode_step = Gauge(
+            "minserve:decode_step_seconds", "Measured decode step time, EWMA over recent steps", registry=r
+        )
+        self.degraded_mode = Gauge("minserve:degraded_mode", "1 while degraded modes are on, else 0", registry=r)
+
+    def observe_load(self, queue: QueueState, degraded: bool) -> None:
+        """The admission gauges, from the front end's view of the queue now."""
+        self.queued_prompt_tokens.set(queue.queued_prompt_tokens)
+        self.prefill_rate.set(queue.rates.prefill_tokens_per_s)
+        self.decode_step.set(queue.rates.decode_step_s)
+        self.degraded_mode.set(int(degraded))
 
     def observe_finished(self, output: RequestOutput) -> None:
         m = output.metrics
@@ -77,4 +106,7 @@ class ServerMetrics:
         self.preemptions.set(stats.num_preemptions)
         self.draft_tokens.set(stats.num_draft_tokens)
         self.accepted_tokens.set(stats.num_accepted_tokens)
+        self.verify_steps.set(stats.num_verify_steps)
+        self.acceptance_rate.set(stats.acceptance_rate)
+        self.mean_accepted_length.set(stats.mean_accepted_length)
         return generate_latest(self.registry)

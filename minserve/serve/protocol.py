@@ -5,7 +5,7 @@ engine, and the OpenAPI schema at ``/openapi.json`` states every rule the server
 ``"16"`` is not a number, ``"yes"`` is not a boolean, ``true`` is not a token id, and ``NaN`` or ``Infinity``
 (which Python's JSON parser accepts) are no numbers at all. Text must be valid Unicode: a lone surrogate
 (``"\\ud800"`` in JSON) cannot be encoded, so it is refused rather than left to break the tokenizer.
-minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``) are marked.
+minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``, ``timeout``) are marked.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(default=False, description="minserve extension, as in vLLM")
     priority: int = Field(default=0, description="minserve extension, as in vLLM: lower runs first")
+    timeout: float | None = Field(
+        default=None, gt=0, description="minserve extension: seconds after arrival past which the request is "
+        "stopped (504), at most the server's request timeout; also the header X-Request-Timeout"
+    )  # fmt: skip
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
 
     @property

@@ -101,7 +101,9 @@ class DraftModelProposer:
             return shadow
         old = shadow.prompt_token_ids
         agree = 0
-        limit = min(len(old), len(tokens), shadow.num_computed_tokens)
+        # The last token is always run again, even when its K/V is cached already: its logits give the next
+        # draft (it was cached without them when a target step dropped drafts and kept exactly the first).
+        limit = min(len(old), len(tokens) - 1, shadow.num_computed_tokens)
         while agree < limit and old[agree] == tokens[agree]:
             agree += 1
         shadow.prompt_token_ids = tokens

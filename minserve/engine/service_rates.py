@@ -1,0 +1,84 @@
+"""How fast the engine is serving now: its prefill rate and its decode step time, measured from its own steps.
+
+Admission control needs a service rate to turn a queue into a wait: ``queued prompt tokens / prefill rate``
+is the time until the last of them has its first token. The rate is not a constant of the hardware. It
+falls when decodes share the steps, when prompts are chunked, when the machine is busy with something
+else, so it is measured from the engine's recent steps:
+
+* **prefill rate** (tokens/s): the prompt tokens of the steps that ran any, over those steps' whole time.
+  A step that also carried decodes counts whole, so the rate is the one prefills get *while serving*, a
+  little lower than an idle engine's: the wait it predicts is the one a queued request will see.
+* **decode step time** (s): the whole time of a step that ran only decodes.
+
+Each is an exponentially weighted moving average (EWMA) with weight ``weight`` on the newest step, so a
+change of load shows within a few dozen steps. The prefill rate is a ratio of two such averages (tokens and
+seconds), so a long step weighs more than a short one, as it should. Before the first measurement the
+meter answers with a prior (:data:`PRIOR`); the first measurement replaces it.
+
+:class:`ServiceRateMeter` is a step observer (:class:`~minserve.engine.core.StepReport`): the engine core
+process runs one and sends its :class:`ServiceRates` with every step's outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minserve.engine.core import StepReport
+
+PREFILL_STATES = ("prefill", "recompute")  # ScheduledSeq states whose tokens are prompt work
+
+
+@dataclass(frozen=True)
+class ServiceRates:
+    """The engine's recent service rates. ``num_steps``: steps measured so far (0: these are the prior)."""
+
+    prefill_tokens_per_s: float
+    decode_step_s: float
+    num_steps: int = 0
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """Seconds to prefill ``num_tokens`` prompt tokens at the current rate."""
+        return num_tokens / self.prefill_tokens_per_s
+
+
+# Before any step is measured: a modest CPU's rates for a small model. A guess on purpose: it admits the
+# first requests, and the first steps replace it.
+PRIOR = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.05)
+
+
+class ServiceRateMeter:
+    """A step observer keeping EWMAs of the prefill rate and the decode step time; ``rates`` reads them."""
+
+    def __init__(self, weight: float = 0.1, prior: ServiceRates = PRIOR) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError(f"weight must be in (0, 1], got {weight!r}")
+        self.weight, self.prior = weight, prior
+        self._prefill_tokens: float | None = None  # EWMA of a prefill step's prompt tokens
+        self._prefill_step_s: float | None = None  # … and of its time
+        self._decode_step_s: float | None = None
+        self._num_steps = 0
+
+    def __call__(self, report: StepReport) -> None:
+        prompt_tokens = sum(s.num_new_tokens for s in report.scheduled if s.state in PREFILL_STATES)
+        if report.step_s <= 0:
+            return  # a clock too coarse to see the step says nothing about its rate
+        self._num_steps += 1
+        if prompt_tokens:
+            self._prefill_tokens = self._average(self._prefill_tokens, prompt_tokens)
+            self._prefill_step_s = self._average(self._prefill_step_s, report.step_s)
+        else:
+            self._decode_step_s = self._average(self._decode_step_s, report.step_s)
+
+    def _average(self, mean: float | None, value: float) -> float:
+        return value if mean is None else mean + self.weight * (value - mean)
+
+    @property
+    def rates(self) -> ServiceRates:
+        """The current estimates; either one not measured yet is the prior's."""
+        prefill = self.prior.prefill_tokens_per_s
+        if self._prefill_tokens is not None and self._prefill_step_s:
+            prefill = self._prefill_tokens / self._prefill_step_s
+        decode = self.prior.decode_step_s if self._decode_step_s is None else self._decode_step_s
+        return ServiceRates(prefill, decode, self._num_steps)

@@ -1,0 +1,262 @@
+"""The ranks around the engine: spawned, joined, sent every command, watched, stopped.
+
+Tensor and pipeline parallelism (:mod:`.tensor_parallel`, :mod:`.pipeline_parallel`) split the model
+differently but run their processes alike. The engine's own process is rank 0. It keeps everything that
+decides (the scheduler, the block manager, the sampler) exactly as with one process; only its executor
+changes, to a :class:`ParallelRunner`: a :class:`~minserve.engine.model_runner.ModelRunner` that first sends
+each command to the other ranks. Ranks 1 … n−1 are worker processes the engine spawns when it starts
+(:func:`worker_main`). Each builds its part of the model and its runner (a function the parallelism
+supplies), then loops: receive a command, run it, wait for the next.
+
+    rank 0 (engine)                         ranks 1 … n−1 (workers)
+    schedule ─▶ prepare ─▶ broadcast ─────▶ receive
+               forward  ◀── the parallelism's own traffic ──▶ forward
+               sample
+
+A command is the name of a runner method and its arguments, so a worker runs ``runner.logits(...)``,
+``runner.swap(...)`` or ``runner.clear(...)`` just as rank 0 does. The block tables travel with each step,
+so every rank writes its part of a token's keys and values into the same slot.
+
+A rank that dies fails the next collective: gloo reports the closed connection, and a collective that
+hears nothing times out after ``COLLECTIVE_TIMEOUT_S``; the engine then raises :class:`RankFailure` rather
+than hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing
+import os
+import socket
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from minserve.config import EngineConfig
+from minserve.engine.model_runner import ModelRunner
+from minserve.parallel import Communicator
+
+if TYPE_CHECKING:
+    from minserve.model.llama import LlamaForCausalLM
+
+COLLECTIVE_TIMEOUT_S = 120.0  # a collective that waits this long for a rank fails instead of hanging
+# Commands: the runner methods a worker calls, "gather" (call one and send its answer back), and "stop".
+STOP, FORWARD, SWAP, CLEAR, GATHER = "stop", "logits", "swap", "clear", "gather"
+
+# What a worker builds after joining: its runner, from (rank, world_size, config, device). A module-level
+# function, so that the spawned process can find it by name.
+WorkerRunner = Callable[[int, int, EngineConfig, torch.device], ModelRunner]
+
+
+class RankFailure(RuntimeError):
+    """A rank stopped: the model is incomplete without it, so the engine cannot go on."""
+
+
+class ParallelGroup:
+    """Rank 0's handle on the group: its :class:`Communicator`, the worker processes it started, and the
+    class of rank 0's runner."""
+
+    def __init__(
+        self,
+        comm: Communicator,
+        workers: list[multiprocessing.process.BaseProcess],
+        runner_cls: type[ParallelRunner],
+        config: EngineConfig,
+        name: str,
+    ) -> None:
+        self.comm, self.workers, self.runner_cls, self.config, self.name = comm, workers, runner_cls, config, name
+        self.failed: str | None = None  # why the group can no longer run, once a rank has stopped
+        # An engine dropped without shutdown() cannot tell its workers to stop: they are killed instead.
+        self._finalizer = weakref.finalize(self, _kill, workers)
+
+    @classmethod
+    def start(
+        cls,
+        config: EngineConfig,
+        device: torch.device,
+        runner_cls: type[ParallelRunner],
+        worker_runner: WorkerRunner,
+        name: str,
+    ) -> ParallelGroup:
+        """Spawn ranks 1 … n − 1 (``config.world_size``), each building its runner with ``worker_runner``, and
+        join them as rank 0 (blocks until every rank has joined). ``name`` says which parallelism, in errors."""
+        world_size = config.world_size
+        if dist.is_initialized():
+            raise RuntimeError(f"one {name} engine per process: shut the other down first (engine.shutdown())")
+        address = f"tcp://127.0.0.1:{_free_port()}"
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copy of this one's threads
+        workers = [
+            context.Process(target=worker_main, args=(rank, world_size, address, config, worker_runner), daemon=True)
+            for rank in range(1, world_size)
+        ]
+        for worker in workers:
+            worker.start()
+        _join(0, world_size, address, device)
+        return cls(Communicator(0, world_size), workers, runner_cls, config, name)
+
+    def runner(self, model, num_blocks: int, *cache: Any) -> ParallelRunner:
+        """Rank 0's executor; the workers learn the cache's shape from it and allocate theirs alike."""
+        with self.watching():
+            send((num_blocks, *cache[:-1]))  # the block counts and dtype; each rank measured its own scales
+        return self.runner_cls(self, model, num_blocks, *cache)
+
+    def gather(self, method: str, mine: Any, *args: Any) -> list:
+        """Every rank's answer to ``runner.method(*args)``, in rank order; rank 0's own is ``mine``."""
+        answers: list = [None] * self.comm.world_size
+        with self.watching():
+            send((GATHER, method, *args))
+            dist.gather_object(mine, answers, dst=0)
+        return answers
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Turn a collective's failure into a :class:`RankFailure` naming the ranks that stopped; once one has,
+        every later command fails at once instead of waiting out a timeout."""
+        if self.failed is not None:
+            raise RankFailure(self.failed)
+        try:
+            yield
+        except RuntimeError as error:
+            stopped = {rank: w.exitcode for rank, w in enumerate(self.workers, start=1) if not w.is_alive()}
+            who = f"rank(s) {stopped} (rank: exit code) stopped" if stopped else "a collective failed"
+            self.failed = (f"{self.name}: {who}; the engine cannot go on without every rank: start a new "
+                           f"one ({error})")  # fmt: skip
+            raise RankFailure(self.failed) from error
+
+    def shutdown(self) -> None:
+        """Tell the workers to stop, wait for them, and leave the group."""
+        if self._finalizer.alive and self.failed is None:
+            send((STOP,))
+            for worker in self.workers:
+                worker.join(timeout=10)
+        self._finalizer()  # any that did not stop, or all of them after a failure; and leave the group
+
+
+class ParallelRunner(ModelRunner):
+    """Rank 0's model runner: every command is sent to the other ranks before it runs here.
+
+    Under tensor parallelism what runs here is the plain :class:`ModelRunner`'s; a parallelism whose ranks
+    run something else puts its runner after this one in its class's bases, so that ``super()`` reaches it
+    (:class:`~minserve.engine.pipeline_parallel.PipelineRunner`).
+    """
+
+    def __init__(self, group: ParallelGroup, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = group
+        self._collective_s = 0.0
+
+    @property
+    def collective_s(self) -> float:
+        """Seconds the last forward pass spent in this rank's counted collectives (tensor and expert
+        parallelism's; a pipeline's point-to-point hand-offs are not collectives): the trace shows them per step."""
+        return self._collective_s
+
+    def logits(self, input_ids, positions, meta, rows):
+        waited_s = self.group.comm.traffic.seconds
+        with self.group.watching():
+            send((FORWARD, input_ids, positions, meta, rows))
+            logits = super().logits(input_ids, positions, meta, rows)
+        self._collective_s = self.group.comm.traffic.seconds - waited_s
+        return logits
+
+    def swap(self, swap_out, swap_in):
+        if swap_out or swap_in:
+            with self.group.watching():
+                send((SWAP, swap_out, swap_in))
+        super().swap(swap_out, swap_in)
+
+    def clear(self, block_ids):
+        if block_ids:
+            with self.group.watching():
+                send((CLEAR, block_ids))
+        super().clear(block_ids)
+
+
+def worker_main(rank: int, world_size: int, address: str, config: EngineConfig, worker_runner: WorkerRunner) -> None:
+    """A worker rank: build this rank's runner, then run what rank 0 sends until it says stop."""
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    device = torch.device(f"cuda:{rank}") if config.device.startswith("cuda") else torch.device("cpu")
+    _join(rank, world_size, address, device)
+    runner = worker_runner(rank, world_size, config, device)
+    with torch.inference_mode():
+        while (command := receive())[0] != STOP:
+            method, *args = command
+            if method == GATHER:
+                name, *args = args
+                dist.gather_object(getattr(runner, name)(*args), None, dst=0)
+            else:
+                getattr(runner, method)(*args)
+    dist.destroy_process_group()
+    # Leave without running C++ static destructors: gloo's threads can still be winding down, and destroying
+    # them then aborts the process ("terminate called without an active exception"), one exit in a few.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def load_rank_model(
+    config: EngineConfig, device: torch.device, comm: Communicator | None = None
+) -> tuple[LlamaForCausalLM, torch.dtype, list[torch.Tensor] | None]:
+    """What a worker builds before its runner, as the engine does on rank 0: the model (this rank's shard,
+    with ``comm``), the KV cache's dtype and an 8-bit cache's scales (None otherwise)."""
+    from minserve.engine.model_setup import build_model, kv_scales
+    from minserve.model.kv_quant import resolve_kv_cache_dtype
+    from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
+    from minserve.model.tokenizer import Tokenizer
+
+    model_dir = resolve_model_path(config.model)
+    tokenizer = Tokenizer(model_dir)
+    dtype = resolve_dtype(config.dtype, load_config(model_dir), device)
+    model = build_model(config, model_dir, device, dtype, tokenizer, comm)
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    return model, kv_dtype, kv_scales(model, tokenizer, kv_dtype, device)
+
+
+def receive_cache_shape() -> tuple[int, int, int]:
+    """The ``(num_blocks, block_size, num_cpu_blocks)`` rank 0 sends from :meth:`ParallelGroup.runner`."""
+    num_blocks, block_size, num_cpu_blocks, _ = receive()
+    return num_blocks, block_size, num_cpu_blocks
+
+
+def send(message: tuple) -> None:
+    """Rank 0's ``message`` to every rank (pickled; the tensors of a step are a few kilobytes)."""
+    dist.broadcast_object_list([message], src=0)
+
+
+def receive() -> tuple:
+    """What rank 0 sent with :func:`send`."""
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _join(rank: int, world_size: int, address: str, device: torch.device) -> None:
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
+
+
+def _kill(workers: list[multiprocessing.process.BaseProcess]) -> None:
+    for worker in workers:
+        if worker.is_alive():
+            worker.kill()
+        worker.join()
+    if dist.is_initialized():  # so that this process can start another group
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+__all__ = ["COLLECTIVE_TIMEOUT_S", "ParallelGroup", "ParallelRunner", "RankFailure", "WorkerRunner", "worker_main"]
