@@ -77,10 +77,12 @@ models: install
 
 # minserve beside llama.cpp and transformers on SmolLM2 (docs/benchmarks.md). Not part of `make test`: pip
 # builds llama-cpp-python from source first (4-7 minutes on 2 cores), then the benchmark runs (~10 minutes).
-# llama.cpp's AMX kernels crash on the course machines (a VM that reports AMX), so the default build names the
-# x86 features it uses instead of -march=native; `make bench-llamacpp LLAMA_CMAKE_ARGS=` builds natively.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
-	-DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+# The build is native (-march=native: whatever this CPU has) without AMX: llama.cpp's AMX kernels crash on one of
+# the course machines (an Intel VM that reports AMX), and a list of named features breaks on another (an AMD
+# EPYC has AVX-512 VNNI but not AVX-VNNI: illegal instruction). `make bench-llamacpp LLAMA_CMAKE_ARGS=` builds
+# with llama.cpp's own defaults.
+NO_AMX := -mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=$(NO_AMX) -DCMAKE_CXX_FLAGS=$(NO_AMX)
 bench-llamacpp: install
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir -e ".[bench]"
 	$(BIN)/python benchmarks/vs_llamacpp.py --json benchmarks/results/vs-llamacpp-cpu-$(shell date +%F).json

@@ -33,6 +33,8 @@ def _model_options(args: argparse.Namespace) -> dict:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from minserve import LLM, SamplingParams
 
+    if _serves_as_worker(_model_options(args)):
+        return 0
     llm = LLM(**_model_options(args))
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -43,7 +45,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or [],
         ignore_eos=args.ignore_eos,
     )
-    out = llm.generate([args.prompt], params)[0]
+    try:
+        out = llm.generate([args.prompt], params)[0]
+    finally:
+        llm.engine.shutdown()  # any other ranks stop with it (under torchrun they would wait for rank 0)
     print(args.prompt + out.text)
     if args.verbose:
         m = out.metrics
@@ -166,6 +171,23 @@ def _tour_serve_and_load_test(args: argparse.Namespace) -> None:
     print(f"   evidence: {out / 'report.html'} (opens offline), beside records.jsonl and summary.json")
 
 
+def _serves_as_worker(engine_options: dict) -> bool:
+    """Under torchrun, every rank runs the same command: rank 0 goes on with it, and any other rank serves
+    rank 0's engine as a worker instead (:mod:`minserve.engine.workers`), then returns True."""
+    from minserve.engine.engine import serve_as_worker
+    from minserve.engine.workers import check_launch, launched_rank
+
+    launched = launched_rank()
+    if launched is None:
+        return False
+    config = EngineConfig(**engine_options)
+    check_launch(launched, config.world_size)  # on every rank, rank 0 included: nobody waits for a missing rank
+    if launched.rank == 0:
+        return False
+    serve_as_worker(config)
+    return True
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serve the model over an OpenAI-compatible HTTP API."""
     from minserve.serve.server import serve
@@ -174,6 +196,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     options["enable_tracing"] = args.trace_out is not None or options["enable_tracing"]  # a trace wants events
     if options.get("num_threads") is None:
         options["num_threads"] = _default_server_threads(args.device)
+    if _serves_as_worker(options):
+        return 0
     server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS + SERVE_OVERLOAD_FIELDS)
     server["api_key"] = server.get("api_key") or os.environ.get("MINSERVE_API_KEY")
     serve(EngineConfig(**options), ServerConfig(**server), log_level=args.log_level)

@@ -4,6 +4,8 @@ with prefix hits, chunked prefill and preemption; nothing leaks; a dead rank fai
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -46,6 +48,7 @@ def test_two_ranks_give_one_process_greedy_tokens_with_prefix_hits_chunks_and_pr
 
 
 def test_a_rank_that_dies_fails_the_engine_with_a_clear_error():
+    shared_memory = set(os.listdir("/dev/shm"))
     llm = LLM(tensor_parallel_size=2, **TIGHT)
     worker = llm.engine.parallel.workers[0]
     os.kill(worker.pid, signal.SIGKILL)
@@ -56,6 +59,7 @@ def test_a_rank_that_dies_fails_the_engine_with_a_clear_error():
         llm.generate(PROMPTS[:1], GREEDY)
     llm.engine.shutdown()
     assert not worker.is_alive()
+    assert set(os.listdir("/dev/shm")) <= shared_memory  # no segment left behind by the dead rank
 
 
 def test_a_size_that_does_not_divide_the_heads_fails_before_any_rank_starts():
@@ -82,6 +86,24 @@ def test_minserve_serve_with_two_ranks_answers_an_openai_client_as_one_process_d
     while (left := [pid for pid in started if pathlib.Path(f"/proc/{pid}").exists()]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left  # the core, its rank and the tracker all stopped with the server
+
+
+def test_torchrun_starts_the_ranks_and_rank_0_gives_one_process_text():
+    """Across machines a launcher starts every rank (one machine here): the same command on each, rank 0 runs
+    the engine and the others serve it as workers; a launch of the wrong size is refused, naming the fix."""
+    # torchrun gives each rank one torch thread; its --standalone rendezvous picks a free port on this machine.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "minserve.cli", "generate", "def fibonacci(n):", "--dtype", "float32", "--max-tokens", "12",
+               "--temperature", "0"]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    reference = LLM(dtype="float32").generate(["def fibonacci(n):"], SamplingParams(max_tokens=12, temperature=0))
+    for size_flag in ("--tensor-parallel-size", "--pipeline-parallel-size"):
+        run = subprocess.run([*command, size_flag, "2"], capture_output=True, text=True, timeout=300, env=env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.stdout == "def fibonacci(n):" + reference[0].text + "\n"
+    wrong = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert wrong.returncode != 0 and "the launcher started 2 processes (WORLD_SIZE)" in wrong.stderr
+    assert "def fibonacci(n):" not in wrong.stdout  # rank 0 refused too, rather than serve as one process
 
 
 def _descendants_of(pid: int) -> list[int]:

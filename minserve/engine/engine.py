@@ -28,6 +28,7 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
+from minserve.engine.workers import check_launch, launched_rank, worker_main
 from minserve.model.kv_quant import resolve_kv_cache_dtype
 from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
@@ -249,6 +250,17 @@ class LLMEngine:
         """Stop the parallel workers, if any (an engine dropped without this kills them instead)."""
         if self.parallel is not None:
             self.parallel.shutdown()
+
+
+def serve_as_worker(config: EngineConfig) -> None:
+    """Be rank ``RANK`` (not 0) of a group a launcher started (``torchrun``, see :mod:`.workers`): build this
+    rank's part of the model as ``config`` says and run what rank 0 sends until it says stop."""
+    launched = launched_rank()
+    if launched is None or launched.rank == 0:
+        raise RuntimeError("serve_as_worker is for ranks 1 … n−1 that torchrun started; rank 0 runs the engine")
+    check_launch(launched, config.world_size)
+    worker = tensor_parallel.shard_worker if config.tensor_parallel_size > 1 else pipeline_parallel.stage_worker
+    worker_main(launched.rank, launched.world_size, "env://", config, worker, local_rank=launched.local_rank)
 
 
 def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -> bool:

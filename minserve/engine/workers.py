@@ -20,6 +20,17 @@ so every rank writes its part of a token's keys and values into the same slot.
 A rank that dies fails the next collective: gloo reports the closed connection, and a collective that
 hears nothing times out after ``COLLECTIVE_TIMEOUT_S``; the engine then raises :class:`RankFailure` rather
 than hangs.
+
+**Across machines**, the engine cannot spawn the other ranks itself: a launcher starts one process per rank
+on every machine, and ``torchrun`` is the one PyTorch ships. Every process runs the same command; each learns
+its place from the environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, and
+``MASTER_ADDR``/``MASTER_PORT``, where rank 0's machine keeps the rendezvous store), :func:`launched_rank`
+reads it, and the group is joined with ``init_method="env://"``. Rank 0 runs the engine (and the server);
+every other rank runs :func:`worker_main` instead, on GPU ``LOCAL_RANK`` of its machine::
+
+    # on each of two machines, one GPU each (node 0 is 10.0.0.1):
+    torchrun --nnodes 2 --nproc-per-node 1 --node-rank {0,1} --master-addr 10.0.0.1 --master-port 29500 \
+        -m minserve.cli serve --model ... --tensor-parallel-size 2
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import socket
 import sys
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -55,6 +67,34 @@ WorkerRunner = Callable[[int, int, EngineConfig, torch.device], ModelRunner]
 
 class RankFailure(RuntimeError):
     """A rank stopped: the model is incomplete without it, so the engine cannot go on."""
+
+
+@dataclass(frozen=True)
+class LaunchedRank:
+    """This process's place in a group a launcher started: its ``rank`` of ``world_size``, and its
+    ``local_rank`` among the ranks on its own machine (which GPU it takes)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+
+def launched_rank() -> LaunchedRank | None:
+    """This process's place from torchrun's environment, or None when no launcher started it."""
+    env = os.environ
+    if not all(name in env for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    return LaunchedRank(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"])))
+
+
+def check_launch(launched: LaunchedRank, world_size: int) -> None:
+    """Refuse a launch of another size than the configuration's ``world_size`` (tensor × pipeline ranks)."""
+    if launched.world_size != world_size:
+        raise ValueError(
+            f"the launcher started {launched.world_size} processes (WORLD_SIZE) but the configuration asks for "
+            f"{world_size}: give torchrun --nnodes × --nproc-per-node = {world_size}, or set "
+            "--tensor-parallel-size or --pipeline-parallel-size to the processes started"
+        )
 
 
 class ParallelGroup:
@@ -88,6 +128,12 @@ class ParallelGroup:
         world_size = config.world_size
         if dist.is_initialized():
             raise RuntimeError(f"one {name} engine per process: shut the other down first (engine.shutdown())")
+        if (launched := launched_rank()) is not None:  # torchrun started every rank: join them, spawn none
+            check_launch(launched, world_size)
+            if launched.rank != 0:
+                raise RuntimeError(f"{name}: rank {launched.rank} runs worker_main, not the engine (rank 0 does)")
+            _join(0, world_size, "env://", device)
+            return cls(Communicator(0, world_size), [], runner_cls, config, name)
         address = f"tcp://127.0.0.1:{_free_port()}"
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copy of this one's threads
         workers = [
@@ -177,11 +223,20 @@ class ParallelRunner(ModelRunner):
         super().clear(block_ids)
 
 
-def worker_main(rank: int, world_size: int, address: str, config: EngineConfig, worker_runner: WorkerRunner) -> None:
-    """A worker rank: build this rank's runner, then run what rank 0 sends until it says stop."""
+def worker_main(
+    rank: int,
+    world_size: int,
+    address: str,
+    config: EngineConfig,
+    worker_runner: WorkerRunner,
+    local_rank: int | None = None,
+) -> None:
+    """A worker rank: build this rank's runner, then run what rank 0 sends until it says stop. On a GPU it
+    takes GPU ``local_rank`` of its machine (by default ``rank``: every rank on one machine)."""
     if config.num_threads is not None:
         torch.set_num_threads(config.num_threads)
-    device = torch.device(f"cuda:{rank}") if config.device.startswith("cuda") else torch.device("cpu")
+    gpu = rank if local_rank is None else local_rank
+    device = torch.device(f"cuda:{gpu}") if config.device.startswith("cuda") else torch.device("cpu")
     _join(rank, world_size, address, device)
     runner = worker_runner(rank, world_size, config, device)
     with torch.inference_mode():
@@ -259,4 +314,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-__all__ = ["COLLECTIVE_TIMEOUT_S", "ParallelGroup", "ParallelRunner", "RankFailure", "WorkerRunner", "worker_main"]
+__all__ = [
+    "COLLECTIVE_TIMEOUT_S",
+    "LaunchedRank",
+    "ParallelGroup",
+    "ParallelRunner",
+    "RankFailure",
+    "WorkerRunner",
+    "check_launch",
+    "launched_rank",
+    "worker_main",
+]
