@@ -3,6 +3,7 @@ server that refuses by predicted TTFT and stops a request at the timeout the req
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from minserve.config import ServerConfig
 from minserve.engine.core import ScheduledSeq, StepReport
+from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.service_rates import PRIOR, ServiceRateMeter, ServiceRates
 from minserve.serve.admission import (
     AdmissionPolicy,
@@ -68,6 +70,25 @@ def test_deadline_aware_predicts_ttft_from_the_queue_and_the_measured_rate():
     # A faster engine, measured, admits the same queue.
     assert policy.decide(RequestFacts(50, 16), queue(2, 110, ServiceRates(1000.0, 0.02))) is None
     assert policy.decide(RequestFacts(500, 16), queue(0, 0)) is None  # nothing ahead: waiting cannot help
+
+
+def test_deadline_aware_waits_for_a_slot_when_the_batch_is_full():
+    """A full batch: the newcomer runs only once the requests ahead of it and one more have finished."""
+    policy = DeadlineAware(ttft_slo_s=1.0)
+    rates = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.02, finished_per_s=2.0)
+    full = QueueState(num_waiting=3, num_running=8, queued_prompt_tokens=150, rates=rates, max_num_seqs=8)
+    assert full.slot_wait_s() == pytest.approx(2.0)  # (3 ahead + itself) / 2 finishes a second
+    refusal = policy.decide(RequestFacts(50, 16), full)
+    assert refusal.reason == "ttft_slo" and refusal.retry_after_s == pytest.approx(2.05 - 1.0)
+    assert "2.00 s until a slot frees" in refusal.message
+    # The same prefill work with slots to spare waits for nothing but prefill: 0.2 s.
+    roomy = QueueState(num_waiting=3, num_running=4, queued_prompt_tokens=150, rates=rates, max_num_seqs=8)
+    assert roomy.slot_wait_s() == 0 and policy.decide(RequestFacts(50, 16), roomy) is None
+    # A cache nearly out of blocks is as full as the batch; an unmeasured finish rate predicts no wait.
+    blocked = QueueState(3, 4, 150, rates, kv_usage=0.97, max_num_seqs=8)
+    assert blocked.slot_wait_s() == pytest.approx(2.0)
+    unmeasured = QueueState(3, 8, 150, ServiceRates(1000.0, 0.02), max_num_seqs=8)
+    assert unmeasured.slot_wait_s() == 0 and policy.decide(RequestFacts(50, 16), unmeasured) is None
 
 
 @given(
@@ -137,6 +158,17 @@ def test_the_meter_starts_from_the_prior_and_follows_the_engines_steps():
     assert meter.rates.prefill_tokens_per_s == pytest.approx(1000)
     meter(report(0.04, (1, "decode")))
     assert meter.rates.decode_step_s == pytest.approx(0.03) and meter.rates.num_steps == 4
+    assert meter.rates.finished_per_s is None  # nothing has finished yet: no rate, not a guess
+
+
+def test_the_meter_measures_how_fast_requests_finish():
+    meter = ServiceRateMeter(weight=0.5)
+    finished = [RequestOutput(f"r{i}", None, [1], "", [2], "length", RequestMetrics(0.0)) for i in range(2)]
+    meter(dataclasses.replace(report(0.1, (1, "decode"), (1, "decode")), outputs=finished))  # 2 in 0.1 s
+    assert meter.rates.finished_per_s == pytest.approx(20.0)
+    meter(report(0.1, (1, "decode")))  # none finished: EWMAs 1 request in 0.1 s
+    assert meter.rates.finished_per_s == pytest.approx(10.0)
+    assert meter.rates.finishing_s(5) == pytest.approx(0.5) and meter.rates.finishing_s(0) == 0
 
 
 # --- a real server -----------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ else, so it is measured from the engine's recent steps:
   A step that also carried decodes counts whole, so the rate is the one prefills get *while serving*, a
   little lower than an idle engine's: the wait it predicts is the one a queued request will see.
 * **decode step time** (s): the whole time of a step that ran only decodes.
+* **finish rate** (requests/s): requests that ended in a step, over the steps' time. When the batch is full,
+  a waiting request gets a slot only as others finish, so this is the rate its queue moves at.
 
 Each is an exponentially weighted moving average (EWMA) with weight ``weight`` on the newest step, so a
 change of load shows within a few dozen steps. The prefill rate is a ratio of two such averages (tokens and
@@ -37,10 +39,17 @@ class ServiceRates:
     prefill_tokens_per_s: float
     decode_step_s: float
     num_steps: int = 0
+    finished_per_s: float | None = None  # None until a request has finished: no measurement, no guess
 
     def prefill_s(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens`` prompt tokens at the current rate."""
         return num_tokens / self.prefill_tokens_per_s
+
+    def finishing_s(self, num_requests: int) -> float | None:
+        """Seconds until ``num_requests`` more requests have finished at the current rate (None: not measured)."""
+        if num_requests <= 0:
+            return 0.0
+        return None if not self.finished_per_s else num_requests / self.finished_per_s
 
 
 # Before any step is measured: a modest CPU's rates for a small model. A guess on purpose: it admits the
@@ -58,6 +67,8 @@ class ServiceRateMeter:
         self._prefill_tokens: float | None = None  # EWMA of a prefill step's prompt tokens
         self._prefill_step_s: float | None = None  # … and of its time
         self._decode_step_s: float | None = None
+        self._finished: float | None = None  # EWMA of the requests a step ended …
+        self._step_s: float | None = None  # … and of any step's time
         self._num_steps = 0
 
     def __call__(self, report: StepReport) -> None:
@@ -65,6 +76,10 @@ class ServiceRateMeter:
         if report.step_s <= 0:
             return  # a clock too coarse to see the step says nothing about its rate
         self._num_steps += 1
+        finished = sum(1 for output in report.outputs if output.finished)
+        if finished or self._finished is not None:  # from the first finish on: before it, nothing to average
+            self._finished = self._average(self._finished, finished)
+            self._step_s = self._average(self._step_s, report.step_s)
         if prompt_tokens:
             self._prefill_tokens = self._average(self._prefill_tokens, prompt_tokens)
             self._prefill_step_s = self._average(self._prefill_step_s, report.step_s)
@@ -81,4 +96,5 @@ class ServiceRateMeter:
         if self._prefill_tokens is not None and self._prefill_step_s:
             prefill = self._prefill_tokens / self._prefill_step_s
         decode = self.prior.decode_step_s if self._decode_step_s is None else self._decode_step_s
-        return ServiceRates(prefill, decode, self._num_steps)
+        finished = self._finished / self._step_s if self._finished is not None and self._step_s else None
+        return ServiceRates(prefill, decode, self._num_steps, finished)

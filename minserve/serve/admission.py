@@ -12,15 +12,15 @@ exercise plugs its own in (``ServerConfig(admission=MyPolicy())``).
 
 * :class:`QueueLength`: at most ``max_waiting_requests`` waiting. Simple, and blind to how long each one is.
 * :class:`TokenBudget`: at most ``max_queued_prompt_tokens`` prompt tokens queued: the prefill work ahead.
-* :class:`DeadlineAware`: refuse a request whose *predicted* time to first token, the prefill work ahead
-  of it (its own prompt included) at the engine's measured prefill rate, already exceeds its budget: its
-  own timeout if it sent one, else the server's TTFT SLO.
+* :class:`DeadlineAware`: refuse a request whose *predicted* time to first token already exceeds its
+  budget: its own timeout if it sent one, else the server's TTFT SLO. It waits for two things, whichever
+  ends later: the prefill work ahead of it (at the engine's measured prefill rate), and, when the running
+  batch is full, a free slot (the requests ahead of it, and one more, must finish first, at the measured
+  finish rate); then its own prefill.
 
 Every refusal carries ``retry_after_s``, computed from the queue: how long until the work in excess of the
-limit has been prefilled, at the measured rate. The server rounds it up to whole seconds for the
-``Retry-After`` header (:func:`retry_after_header`). The prediction counts prefill work only; a queue that
-waits for a free slot in a full batch drains slower, so the estimate errs short, and a client that comes
-back too early is refused again, quickly.
+limit has drained, at the measured rates. The server rounds it up to whole seconds for the
+``Retry-After`` header (:func:`retry_after_header`).
 
 The decision is exact under any burst because it is one synchronous call: the server reads the
 :class:`QueueState`, decides, and joins the queue (``AsyncLLMEngine.add_request``) with no ``await`` between,
@@ -57,7 +57,8 @@ class QueueState:
     ``num_waiting``: requests not yet running (queued in the core, or on their way to it); ``num_running``:
     requests in the running batch; ``queued_prompt_tokens``: prompt tokens of the requests that have no
     first token yet (the prefill work ahead of a newcomer); ``kv_usage``: fraction of KV blocks in use
-    (0–1); ``rates``: the engine's measured prefill rate and decode step time.
+    (0–1); ``rates``: the engine's measured prefill rate, decode step time and finish rate;
+    ``max_num_seqs``: the running batch's slots (None: unknown).
     """
 
     num_waiting: int
@@ -65,18 +66,39 @@ class QueueState:
     queued_prompt_tokens: int
     rates: ServiceRates
     kv_usage: float = 0.0
+    max_num_seqs: int | None = None
+
+    FULL_KV_USAGE = 0.95  # past this share of blocks in use, a newcomer waits for memory as for a slot
 
     @property
     def num_requests(self) -> int:
         """Requests in the server: running and waiting."""
         return self.num_waiting + self.num_running
 
+    @property
+    def free_slots(self) -> int | None:
+        """Requests the running batch can still take now (None: its size is unknown). A cache nearly full of
+        blocks takes none, whatever the batch size says."""
+        if self.max_num_seqs is None:
+            return None
+        return 0 if self.kv_usage >= self.FULL_KV_USAGE else max(0, self.max_num_seqs - self.num_running)
+
+    def slot_wait_s(self) -> float:
+        """Seconds until a newcomer has a slot in the running batch: the requests waiting ahead of it and one
+        more must finish first, past the free slots, at the measured finish rate (0 while slots are free, or
+        when the batch size or the finish rate is not known yet)."""
+        free = self.free_slots
+        if free is None:
+            return 0.0
+        return self.rates.finishing_s(self.num_waiting + 1 - free) or 0.0
+
     @classmethod
     def of(cls, engine: AsyncLLMEngine) -> QueueState:
         """The state of ``engine`` now (synchronous: nothing it reads waits on the core)."""
         stats = engine.stats()
         kv_usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
-        return cls(stats.num_waiting, stats.num_running, engine.num_queued_prompt_tokens, engine.rates, kv_usage)
+        return cls(stats.num_waiting, stats.num_running, engine.num_queued_prompt_tokens, engine.rates, kv_usage,
+                   engine.config.max_num_seqs)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -169,9 +191,11 @@ class TokenBudget(AdmissionPolicy):
 class DeadlineAware(AdmissionPolicy):
     """Refuse a request that would miss its time to first token before it even starts.
 
-    Predicted TTFT = (prompt tokens queued ahead + its own) / measured prefill rate. The budget is the
-    request's own timeout when it sent one, else ``ttft_slo_s``. With nothing queued ahead, waiting cannot
-    help, so the request is admitted whatever the prediction.
+    Predicted TTFT = max(prompt tokens queued ahead / measured prefill rate, the wait for a slot in a full
+    batch, :meth:`QueueState.slot_wait_s`) + its own prompt / prefill rate. The two waits overlap (requests
+    ahead are prefilled as they get their slots), so the later one counts. The budget is the request's own
+    timeout when it sent one, else ``ttft_slo_s``. With nothing ahead of it, waiting cannot help, so the
+    request is admitted whatever the prediction.
     """
 
     name = "deadline"
@@ -186,16 +210,17 @@ class DeadlineAware(AdmissionPolicy):
         return cls(config.ttft_slo_ms / 1e3)
 
     def predicted_ttft_s(self, request: RequestFacts, queue: QueueState) -> float:
-        return queue.rates.prefill_s(queue.queued_prompt_tokens + request.prompt_tokens)
+        ahead_s = max(queue.rates.prefill_s(queue.queued_prompt_tokens), queue.slot_wait_s())
+        return ahead_s + queue.rates.prefill_s(request.prompt_tokens)
 
     def decide(self, request: RequestFacts, queue: QueueState) -> Refusal | None:
         budget_s = self.ttft_slo_s if request.timeout_s is None else request.timeout_s
         predicted_s = self.predicted_ttft_s(request, queue)
-        if queue.queued_prompt_tokens == 0 or predicted_s <= budget_s:
+        if (queue.queued_prompt_tokens == 0 and queue.slot_wait_s() == 0) or predicted_s <= budget_s:
             return None
         message = (f"predicted time to first token {predicted_s:.2f} s ({queue.queued_prompt_tokens} prompt "
-                   f"tokens queued ahead at {queue.rates.prefill_tokens_per_s:.0f} tokens/s) exceeds "
-                   f"{budget_s:g} s")  # fmt: skip
+                   f"tokens queued ahead at {queue.rates.prefill_tokens_per_s:.0f} tokens/s, "
+                   f"{queue.slot_wait_s():.2f} s until a slot frees) exceeds {budget_s:g} s")  # fmt: skip
         return Refusal("ttft_slo", predicted_s - budget_s, message)  # once that much work has drained
 
     def __repr__(self) -> str:
