@@ -304,14 +304,16 @@ def print_single(results: dict, per_token: dict[str, float]) -> None:
 
 def print_offline(results: dict, args) -> None:
     print(f"\n2. offline: {args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} "
-          f"tokens ({results['minserve-fp32']['output_tokens']:,} output tokens)\n")  # fmt: skip
+          f"tokens ({next(iter(results.values()))['output_tokens']:,} output tokens)\n")  # fmt: skip
     columns = ("output tok/s", 14), ("vs transformers", 17), ("vs llama.cpp", 14), ("wall s", 9), ("peak RSS MB", 13)
     print(f"{'side':<28}" + "".join(f"{name:>{width}}" for name, width in columns))
-    hf, llama = results["transformers-fp32"]["tokens_per_s"], results["llama.cpp-q4_1"]["tokens_per_s"]
+    # A ratio to a side that did not run (--offline-sides leaves it out) prints as a dash.
+    hf, llama = (results.get(side, {}).get("tokens_per_s") for side in ("transformers-fp32", "llama.cpp-q4_1"))
     for side, r in results.items():
         rate = r["tokens_per_s"]
-        print(f"{side:<28}{rate:>14,.0f}{rate / hf:>16.2f}×{rate / llama:>13.2f}×{r['wall_s']:>9.1f}"
-              f"{r['peak_rss_bytes'] / 2**20:>13,.0f}")  # fmt: skip
+        ratios = "".join(f"{rate / base:>{width - 1}.2f}×" if base else f"{'—':>{width}}"
+                         for base, width in ((hf, 17), (llama, 14)))  # fmt: skip
+        print(f"{side:<28}{rate:>14,.0f}{ratios}{r['wall_s']:>9.1f}{r['peak_rss_bytes'] / 2**20:>13,.0f}")
 
 
 def print_serve(results: dict, args) -> None:

@@ -324,7 +324,7 @@ ROUTE_REPLICA_FIELDS = tuple(name for name in SERVE_ENGINE_FIELDS if name != "mo
 SERVE_SERVER_FIELDS = ("host", "port", "api_key", "max_waiting_requests", "request_timeout_s",
                        "default_max_tokens", "trace_out")  # fmt: skip
 # Chapter 09: who is refused at once (429), and what changes under heavy load.
-SERVE_OVERLOAD_FIELDS = ("admission", "max_queued_prompt_tokens", "ttft_slo_ms", "retry_after_s",
+SERVE_OVERLOAD_FIELDS = ("admission", "max_queued_prompt_tokens", "ttft_slo_ms", "admission_headroom", "retry_after_s",
                          "degrade_enter_requests", "degrade_exit_requests", "degraded_max_tokens",
                          "degraded_max_model_len", "degraded_no_speculation")  # fmt: skip
 

@@ -12,6 +12,10 @@ checks a file twice before the tests use it:
 * on the loaded module (:func:`foreign_names`): every module-level name is defined in the file itself or
   comes from an allowed module, which catches a re-export that slipped past the first check.
 
+An allowance names a module (and so its submodules), or one name inside a module: chapter 09 allows
+``minserve.engine.admission.AdmissionPolicy``, the interface a learner's policy plugs into, and not the
+module's own policies beside it, which are the answer.
+
 This is a guard against the honest shortcut, not a sandbox: the learner's code runs with full rights.
 """
 
@@ -26,6 +30,7 @@ STDLIB = "stdlib"  # in an allowance: any module of this Python's standard libra
 # Modules that load other modules by name or path: a way around the static check, and no exercise needs one.
 DYNAMIC_IMPORTERS = frozenset({"importlib", "runpy", "imp", "pkgutil", "zipimport"})
 
+ADMISSION_INTERFACE = ("AdmissionPolicy", "QueueState", "Refusal", "RequestFacts")  # what ch09's policy reads
 # Per chapter: the modules (and their submodules) a learner's file may import. A chapter not listed here
 # (an instructor's own) has no rule.
 ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
@@ -38,6 +43,9 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "ch06": frozenset({STDLIB, "torch"}),  # not minserve.parallel, whose sharding is an answer
     "ch07": frozenset({STDLIB, "torch"}),  # not minserve.quant, whose formats.quantize_int4 is an answer
     "ch08": frozenset({STDLIB}),
+    # The server's admission interface, name by name: not minserve.engine.admission whole (its DeadlineAware
+    # is the answer).
+    "ch09": frozenset({STDLIB} | {f"minserve.engine.admission.{name}" for name in ADMISSION_INTERFACE}),
     "ch10": frozenset({STDLIB}),
 }
 
@@ -94,23 +102,28 @@ def _called_name(func: ast.expr) -> str | None:
 
 def foreign_names(module: ModuleType, allowed: frozenset[str]) -> list[str]:
     """Module-level names of a loaded exercise that come from a module ``allowed`` refuses, as
-    ``"percentile (from minserve.slo)"``. A function or class counts by its ``__module__``, a module by its
-    name, any other value by its type's module; what the file defines itself is always fine."""
+    ``"percentile (from minserve.slo)"``. A function or class counts by its ``__module__`` (and is allowed
+    by its module or by its own dotted name), a module by its name, any other value by its type's; what
+    the file defines itself is always fine."""
     found = []
     for name, value in vars(module).items():
         if name.startswith("__"):
             continue
-        origin = _origin(value)
-        if origin and origin != module.__name__ and not is_allowed(origin, allowed):
+        origin, qualname = _origin(value)
+        if not origin or origin == module.__name__ or is_allowed(origin, allowed):
+            continue
+        if qualname is None or not is_allowed(f"{origin}.{qualname}", allowed):
             found.append(f"{name} (from {origin})")
     return found
 
 
-def _origin(value: object) -> str | None:
+def _origin(value: object) -> tuple[str | None, str | None]:
+    """The module ``value`` comes from, and its name there (None for a module)."""
     if isinstance(value, ModuleType):
-        return value.__name__
-    origin = getattr(value, "__module__", None) if callable(value) else type(value).__module__
-    return origin if isinstance(origin, str) else None
+        return value.__name__, None
+    defined = value if callable(value) else type(value)
+    origin, qualname = getattr(defined, "__module__", None), getattr(defined, "__qualname__", None)
+    return (origin if isinstance(origin, str) else None), (qualname if isinstance(qualname, str) else None)
 
 
 def check_source(chapter: str, path: str | Path) -> None:

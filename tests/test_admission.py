@@ -14,10 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minserve.config import ServerConfig
-from minserve.engine.core import ScheduledSeq, StepReport
-from minserve.engine.outputs import RequestMetrics, RequestOutput
-from minserve.engine.service_rates import PRIOR, ServiceRateMeter, ServiceRates
-from minserve.serve.admission import (
+from minserve.engine.admission import (
     AdmissionPolicy,
     DeadlineAware,
     FirstRefusal,
@@ -29,6 +26,9 @@ from minserve.serve.admission import (
     make_admission,
     retry_after_header,
 )
+from minserve.engine.core import ScheduledSeq, StepReport
+from minserve.engine.outputs import RequestMetrics, RequestOutput
+from minserve.engine.service_rates import PRIOR, ServiceRateMeter, ServiceRates
 from tests.servers import MODEL, RunningServer
 
 RATE = ServiceRates(prefill_tokens_per_s=100.0, decode_step_s=0.02, num_steps=10)
@@ -64,12 +64,24 @@ def test_deadline_aware_predicts_ttft_from_the_queue_and_the_measured_rate():
     refusal = policy.decide(RequestFacts(50, 16), queue(2, 110))  # 1.6 s predicted
     assert refusal.reason == "ttft_slo" and refusal.retry_after_s == pytest.approx(0.6)
     assert "1.60 s" in refusal.message
-    # The request's own timeout is its budget: longer admits, shorter refuses.
-    assert policy.decide(RequestFacts(50, 16, timeout_s=2.0), queue(2, 110)) is None
+    # The request's own timeout can only shorten the budget: longer changes nothing, shorter refuses.
+    assert policy.decide(RequestFacts(50, 16, timeout_s=2.0), queue(2, 110)).reason == "ttft_slo"
     assert policy.decide(RequestFacts(50, 16, timeout_s=0.5), queue(2, 40)).reason == "ttft_slo"
     # A faster engine, measured, admits the same queue.
     assert policy.decide(RequestFacts(50, 16), queue(2, 110, ServiceRates(1000.0, 0.02))) is None
     assert policy.decide(RequestFacts(500, 16), queue(0, 0)) is None  # nothing ahead: waiting cannot help
+
+
+def test_deadline_aware_aims_at_its_headroom_of_the_budget():
+    """The server's policy aims at half the budget: a prediction of 0.9 s under a 1 s SLO is refused."""
+    policy = DeadlineAware.from_config(ServerConfig(ttft_slo_ms=1000.0))
+    assert policy.headroom == 0.5
+    assert policy.decide(RequestFacts(10, 16), queue(2, 30)) is None  # (30 + 10) / 100 = 0.4 s
+    refusal = policy.decide(RequestFacts(50, 16), queue(2, 40))  # 0.9 s, over 0.5 s
+    assert refusal.reason == "ttft_slo" and refusal.retry_after_s == pytest.approx(0.4)
+    assert "0.5 of the 1 s budget" in refusal.message
+    with pytest.raises(ValueError, match="admission_headroom"):
+        ServerConfig(admission_headroom=1.5)
 
 
 def test_deadline_aware_waits_for_a_slot_when_the_batch_is_full():
@@ -232,17 +244,15 @@ def test_a_request_refused_by_its_predicted_ttft_gets_429_and_retry_after_at_onc
         assert refused.status_code == 429, refused.text
         assert refused.json()["error"]["code"] == "ttft_slo" and "predicted time to first token" in refused.text
         assert int(refused.headers["retry-after"]) >= 1
-        # Its own, longer timeout is its budget: the same request is admitted.
-        patient = Streaming(server.url, body | {"timeout": 60.0})
-        streams.append(patient)
-        _wait_for(lambda: patient.status is not None)
-        assert patient.status == 200
+        # A longer timeout of its own does not loosen the server's SLO: refused the same.
+        patient = httpx.post(server.url + "/v1/completions", json=body | {"timeout": 60.0}, timeout=60)
+        assert patient.status_code == 429 and patient.json()["error"]["code"] == "ttft_slo"
     finally:
         for stream in streams:
             stream.close()
     server.wait_until_idle()
     text = httpx.get(server.url + "/metrics", timeout=30).text
-    assert 'minserve:requests_rejected_total{reason="ttft_slo"} 1.0' in text
+    assert 'minserve:requests_rejected_total{reason="ttft_slo"} 2.0' in text
     rate = next(line for line in text.splitlines() if line.startswith("minserve:prefill_tokens_per_second "))
     assert float(rate.split()[1]) > 0
 

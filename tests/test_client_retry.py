@@ -29,7 +29,7 @@ from minserve.client import (
     parse_retry_after,
 )
 from minserve.config import ServerConfig
-from minserve.serve.admission import QueueLength
+from minserve.engine.admission import QueueLength
 from tests.servers import MODEL, RunningServer
 
 

@@ -3,6 +3,8 @@ one compile at start-up that serves every batch size and context length, and a c
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -69,3 +71,19 @@ def test_compile_is_off_by_default_and_a_serve_flag():
     assert LLM().engine.runner.compiled is None
     assert build_parser().parse_args(["serve", "--compile"]).compile_model is True
     assert build_parser().parse_args(["serve"]).compile_model is False
+
+
+@pytest.mark.slow
+def test_a_change_to_the_model_after_start_up_is_an_error_not_a_recompile(caplog):
+    llm = LLM(dtype="float32", device="cpu", enable_tracing=False, compile_model=True)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    model = llm.engine.model
+    forward = model.forward
+    # A wrapper dynamo can trace: without the stance the step would quietly trace a second graph and go on.
+    model.forward = lambda *args, **kwargs: forward(*args, **kwargs)
+
+    with caplog.at_level(logging.ERROR, logger="minserve.engine.core"):
+        out = llm.generate([PROMPTS[0]], params)[0]
+    assert (out.finish_reason, len(out.token_ids)) == ("error", 1)  # the prefill's token, then the decode failed
+    message = str(caplog.records[-1].exc_info[1])  # the engine logs why a batch failed
+    assert "would have to be traced again" in message and "model.forward" in message

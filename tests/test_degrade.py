@@ -4,6 +4,7 @@ off in the engine core and back on without changing a greedy answer, and a real 
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams
 from minserve.config import ServerConfig
+from minserve.engine.admission import QueueState
 from minserve.engine.service_rates import ServiceRates
-from minserve.serve.admission import QueueState
 from minserve.serve.degrade import HEADER, DegradedModes, Degrader, Hysteresis, make_degrader
 from tests.servers import MODEL, RunningServer
 
@@ -178,6 +179,12 @@ def test_load_turns_the_degraded_modes_on_visibly_and_back_off_when_it_falls(ser
         for holder in holders:
             holder.join(60)
     server.wait_until_idle()
+    # No request and no scrape: the server's own watch sees the load fall and turns speculation back on.
+    for _ in range(100):
+        if server.engine.speculation_enabled:
+            break
+        time.sleep(0.05)
+    assert server.engine.speculation_enabled
 
     recovered = _complete(server)  # the load has fallen to the exit threshold: back to normal
     assert recovered.status_code == 200 and HEADER not in recovered.headers

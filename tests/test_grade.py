@@ -28,6 +28,7 @@ CHAPTERS = {
     "ch06": "ch06_parallel.py",
     "ch07": "ch07_quantization.py",
     "ch08": "ch08_speculative.py",
+    "ch09": "ch09_admission.py",
     "ch10": "ch10_loadtest.py",
 }
 
@@ -190,6 +191,17 @@ def test_chapter_03_and_05_allow_what_they_build_on_and_no_answer():
     assert exercise_rules.forbidden_imports(answer, ch05) == [
         "minserve.capacity.simulator (line 1)",
         "minserve.engine (line 2)",
+    ]
+
+
+def test_chapter_09_allows_the_admission_interface_name_by_name_and_not_its_policies():
+    ch09 = exercise_rules.ALLOWED_IMPORTS["ch09"]
+    interface = "from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts\n"
+    assert exercise_rules.forbidden_imports(interface, ch09) == []
+    answer = "from minserve.engine.admission import AdmissionPolicy, DeadlineAware\nimport minserve.engine.admission\n"
+    assert exercise_rules.forbidden_imports(answer, ch09) == [
+        "minserve.engine.admission (line 1)",
+        "minserve.engine.admission (line 2)",
     ]
 
 

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams, slo
+from minserve.capacity.experiments import TINY_CPU_COST
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel, make_requests
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.outputs import RequestMetrics
@@ -30,17 +31,7 @@ PROPERTY = settings(
     max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 ONE_SECOND_PER_STEP = StepCostModel({"base": 1.0})
-# minserve-tiny on a 2-core CPU, one torch thread (benchmarks/results/simulator-validation-cpu-*.json), rounded.
-CPU_COST = StepCostModel(
-    {
-        "base": 1.8e-3,
-        "prefill_tokens": 6.0e-5,
-        "prefill_attention_pairs": 1.6e-7,
-        "decode_seqs": 1.3e-4,
-        "decode_context_tokens": 2.6e-7,
-        "decode_padded_kv_tokens": 1.0e-6,
-    }
-)
+CPU_COST = TINY_CPU_COST  # minserve-tiny's measured step costs on a 2-core CPU
 
 
 class _NoText:

@@ -44,6 +44,9 @@ def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--endpoint", default="completions", choices=["completions", "chat"])
     group.add_argument("--api-key", default=None, help="sent as Authorization: Bearer KEY")
     group.add_argument("--timeout-s", type=float, default=600.0, help="per request, send to last byte")
+    group.add_argument("--send-deadline", action="store_true",
+                       help="send --timeout-s as the request's deadline (X-Request-Timeout; minserve stops the "
+                            "request there: client and /metrics agree on what timed out)")  # fmt: skip
     group.add_argument("--temperature", type=float, default=0.0)
     group.add_argument("--ignore-eos", action="store_true", help="exactly max_tokens (ignore_eos, min_tokens)")
 
@@ -190,6 +193,7 @@ def _cmd_bench_serve(args: argparse.Namespace) -> int:
         args.ignore_eos,
         count_tokens=count_tokens,
         make_retrier=_retrier_from_args(args),
+        send_deadline=args.send_deadline,
     )
     result = run_benchmark(
         client,

@@ -30,6 +30,8 @@ from minserve.client import Outcome, Retrier, http_outcome, parse_retry_after
 
 ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 DONE = "[DONE]"
+DEADLINE_HEADER = "X-Request-Timeout"  # seconds: the request's own timeout, as minserve's server reads it
+DEADLINE_GRACE_S = 1.0  # with the deadline sent, how much longer the client waits for the server's 504
 
 
 @dataclass
@@ -90,6 +92,10 @@ class ClientConfig:
     count_tokens: Callable[[str], int] | None = None
     # Makes the retrier of one run (a fresh one each run: its budget and throttle start empty); None: no retries.
     make_retrier: Callable[[], Retrier] | None = None
+    # Send ``timeout_s`` to the server as the request's deadline (header X-Request-Timeout; minserve honours
+    # it, others ignore it) and let the server's answer decide: the client then waits DEADLINE_GRACE_S longer
+    # for the 504. Two clocks racing would let the server finish a request the client has already given up on.
+    send_deadline: bool = False
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -100,7 +106,15 @@ class ClientConfig:
         return self.base_url.rstrip("/") + ENDPOINTS[self.endpoint]
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        if self.send_deadline:
+            headers[DEADLINE_HEADER] = f"{self.timeout_s:g}"
+        return headers
+
+    @property
+    def wait_s(self) -> float:
+        """How long the client waits for one request before it hangs up, seconds."""
+        return self.timeout_s + (DEADLINE_GRACE_S if self.send_deadline else 0.0)
 
 
 def request_body(config: ClientConfig, request: BenchRequest) -> dict[str, Any]:
@@ -171,7 +185,7 @@ async def send_request(
     result = RequestResult(index=request.index, intended_s=intended_s)
     result.sent_s = clock()
     try:
-        await asyncio.wait_for(_stream(http, config, request, result, clock), timeout=config.timeout_s)
+        await asyncio.wait_for(_stream(http, config, request, result, clock), timeout=config.wait_s)
     except Exception as error:  # every failure becomes a counted kind, never a crashed run
         result.status, result.error, result.error_message = "failed", error_kind(error), str(error)[:500]
     result.end_s = clock()

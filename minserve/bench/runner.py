@@ -89,7 +89,7 @@ async def timed_run(
     ends (a progress bar).
     """
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(config.timeout_s)) as http:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(config.wait_s)) as http:
         # The clock starts once the client exists: building it (an SSL context, ~30 ms) is no request's lag.
         start, cpu_start = time.perf_counter(), time.process_time()
 

@@ -12,6 +12,12 @@ Each request comes out with the engine's :class:`~minserve.engine.outputs.Reques
 scheduled, every token's time, finish, time spent waiting) and as a :class:`minserve.slo.RequestRecord`, so
 the same SLO code summarizes a simulation and a measured run (:func:`minserve.slo.summarize`).
 
+With an admission policy (:mod:`minserve.engine.admission`, the server's own), each request is decided at
+its arrival from the :class:`~minserve.engine.admission.QueueState` the server would see: the core's counts
+and the service rates a :class:`~minserve.engine.service_rates.ServiceRateMeter` measures from the simulated
+steps, the same meter the engine core process runs. A refused request never reaches the core; it comes out
+with its :class:`~minserve.engine.admission.Refusal`, no tokens, and counts as failed, so it never meets an SLO.
+
 What the simulator does not model: sampling and stop strings (every request produces exactly its output
 length, as with ``ignore_eos``), cancellations, and time spent outside ``engine.step()``.
 """
@@ -29,6 +35,7 @@ import numpy as np
 from minserve import slo
 from minserve.capacity.cost_model import CostModelExecutor, StepCost, StepCostModel, StepFeatures
 from minserve.config import SchedulerConfig
+from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.core import EngineCore, StepReport, VirtualClock
 from minserve.engine.detokenizer import IncrementalDetokenizer
@@ -38,6 +45,7 @@ from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence as EngineSequence
+from minserve.engine.service_rates import ServiceRateMeter
 
 # --- configuration and requests ----------------------------------------------------------------------------
 
@@ -117,11 +125,13 @@ class SimulatedRequest:
     request_id: str
     prompt_tokens: int
     output_tokens: int
-    finish_reason: str  # "length" (produced what it asked for, or reached max_model_len) or "deadline"
+    # "length" (produced what it asked for, or reached max_model_len), "deadline", or "refused" (admission)
+    finish_reason: str
     metrics: RequestMetrics
     num_preemptions: int
     num_cached_tokens: int
     priority: int = 0
+    refusal: Refusal | None = None  # why admission turned it away at its arrival (None: admitted)
 
     @property
     def record(self) -> slo.RequestRecord:
@@ -154,12 +164,25 @@ class SimResult:
 
     @property
     def records(self) -> list[slo.RequestRecord]:
-        """Every request as :mod:`minserve.slo` sees it (a request stopped at its deadline is ``failed``)."""
+        """Every request as :mod:`minserve.slo` sees it (a request stopped at its deadline, or refused by
+        admission, is ``failed``: it never meets an SLO, and counts against goodput)."""
         return [r.record for r in self.requests]
 
+    @property
+    def refused(self) -> list[SimulatedRequest]:
+        """The requests admission refused at their arrival, in arrival order (each with its ``refusal``)."""
+        return [r for r in self.requests if r.refusal is not None]
+
+    @property
+    def admitted(self) -> list[SimulatedRequest]:
+        """The requests admission let into the engine (all of them, without an admission policy)."""
+        return [r for r in self.requests if r.refusal is None]
+
     def summary(self, slo_target: slo.SLO | None = None) -> dict[str, Any]:
-        """:func:`minserve.slo.summarize` of the records, plus steps and preemptions."""
+        """:func:`minserve.slo.summarize` of the records (refused requests among the ``failed``), plus the
+        refused count, steps and preemptions."""
         return slo.summarize(self.records, slo_target) | {
+            "refused": len(self.refused),
             "steps": len(self.steps),
             "preemptions": self.num_preemptions,
             "virtual_s": self.end_s,
@@ -192,14 +215,23 @@ class Simulator:
 
     Each :meth:`run` builds a fresh core, so runs are independent, and returns the requests in arrival
     order. ``on_step`` is called after every step with its :class:`StepRecord` and the core's
-    :class:`~minserve.engine.core.StepReport`.
+    :class:`~minserve.engine.core.StepReport`. ``admission``: the server's admission policy, deciding each
+    request at its arrival (None: every request is admitted).
     """
 
-    def __init__(self, cost_model: StepCost, config: SchedulerConfig | None = None, next_token: int = 0) -> None:
+    def __init__(
+        self,
+        cost_model: StepCost,
+        config: SchedulerConfig | None = None,
+        next_token: int = 0,
+        admission: AdmissionPolicy | None = None,
+    ) -> None:
         self.cost_model = cost_model
         self.config = config or SchedulerConfig()
         self.next_token = next_token  # the token every step "samples": its value matters only to block hashes
+        self.admission = admission
         self.core: EngineCore | None = None  # the last run's, for inspection
+        self.meter: ServiceRateMeter | None = None  # the last run's measured rates (with an admission policy)
 
     @property
     def block_manager(self) -> BlockManager | None:
@@ -231,11 +263,55 @@ class Simulator:
                 on_step(step, report)
 
         core.observers.append(record)
-        arrivals = [Arrival(seq.metrics.arrival_time_s, _adder(core, seq)) for seq in sequences]
+        refusals: dict[str, Refusal] = {}
+        if self.admission is None:
+            arrivals = [Arrival(seq.metrics.arrival_time_s, _adder(core, seq)) for seq in sequences]
+        else:
+            self.meter = ServiceRateMeter()  # the engine core process's observer, fed the simulated steps
+            core.observers.append(self.meter)
+            arrivals = [Arrival(seq.metrics.arrival_time_s, self._gate(seq, request, refusals))
+                        for seq, request in zip(sequences, pending)]  # fmt: skip
         finished = drive(core, arrivals, start_s=0.0)
-        results = [self._result(finished[seq.request_id], request) for seq, request in zip(sequences, pending)]
+        results = [
+            self._refused(request, seq, refusals[seq.request_id])
+            if seq.request_id in refusals
+            else self._result(finished[seq.request_id], request)
+            for seq, request in zip(sequences, pending)
+        ]
         return SimResult(results, steps, self.config, core.scheduler.num_preemptions, clock.now(),
                          time.perf_counter() - wall_start)  # fmt: skip
+
+    def queue_state(self) -> QueueState:
+        """What the server's front end would see of the running simulation now: the core's counts, the prompt
+        tokens of its requests with no first token yet, and the rates measured so far
+        (:meth:`QueueState.of_counts`, the rule the server's :meth:`QueueState.of` uses too)."""
+        if self.core is None or self.meter is None:
+            raise RuntimeError("queue_state() is read during a run with an admission policy")
+        core = self.core
+        queued = sum(len(seq.prompt_token_ids) for seq in core.requests.values() if not seq.output_token_ids)
+        return QueueState.of_counts(core.stats(), queued, self.meter.rates, self.config.max_num_seqs)
+
+    def _gate(self, seq: EngineSequence, request: SimRequest, refusals: dict[str, Refusal]) -> Callable[[float], None]:
+        """At ``seq``'s arrival: ask the admission policy, then add it to the core or note its refusal."""
+        facts = RequestFacts(request.prompt_tokens, request.output_tokens, request.deadline_s)
+        add = _adder(self.core, seq)
+
+        def arrive(arrival_s: float) -> None:
+            refusal = self.admission.decide(facts, self.queue_state())
+            if refusal is None:
+                add(arrival_s)
+            else:
+                refusals[seq.request_id] = refusal
+
+        return arrive
+
+    @staticmethod
+    def _refused(request: SimRequest, seq: EngineSequence, refusal: Refusal) -> SimulatedRequest:
+        """A refused request: arrived, refused at once (finished at its arrival), no tokens."""
+        arrival = request.arrival_s
+        metrics = RequestMetrics(arrival_time_s=arrival, finish_time_s=arrival)
+        return SimulatedRequest(seq.request_id, request.prompt_tokens, 0, "refused", metrics, 0, 0,
+                                request.priority, refusal)  # fmt: skip
 
     @staticmethod
     def _sequence(request: SimRequest, arrival_index: int) -> EngineSequence:
@@ -273,11 +349,16 @@ def _adder(core: EngineCore, seq: EngineSequence) -> Callable[[float], None]:
 
 
 def simulate(
-    requests: Iterable[SimRequest], cost_model: StepCost, config: SchedulerConfig | None = None, **knobs: Any
+    requests: Iterable[SimRequest],
+    cost_model: StepCost,
+    config: SchedulerConfig | None = None,
+    admission: AdmissionPolicy | None = None,
+    **knobs: Any,
 ) -> SimResult:
-    """Run ``requests`` through a fresh :class:`Simulator`; ``knobs`` are :class:`SchedulerConfig` fields."""
+    """Run ``requests`` through a fresh :class:`Simulator` (behind ``admission``, if given); ``knobs`` are
+    :class:`SchedulerConfig` fields."""
     config = (config or SchedulerConfig()).replace(**knobs)
-    return Simulator(cost_model, config).run(requests)
+    return Simulator(cost_model, config, admission=admission).run(requests)
 
 
 __all__ = [

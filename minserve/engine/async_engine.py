@@ -207,7 +207,7 @@ class AsyncLLMEngine:
         Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`, and its
         prompt in :attr:`num_queued_prompt_tokens`) the moment this returns, so a server that decides
         admission from them and then calls this, with no ``await`` between, keeps its limits exact under
-        any concurrency (:mod:`minserve.serve.admission`). A request the engine refuses raises
+        any concurrency (:mod:`minserve.engine.admission`). A request the engine refuses raises
         ``ValueError``; a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
         (``time.perf_counter``) defaults to now; a server passes when the request came in. ``deadline_s``:
         seconds after arrival past which the core stops the request (``finish_reason="deadline"``).
@@ -273,6 +273,11 @@ class AsyncLLMEngine:
         self._speculation_enabled = enabled
         with contextlib.suppress(EngineDeadError):  # a restarted core is told when it is up
             self._send(("speculation", enabled))
+
+    @property
+    def speculation_enabled(self) -> bool:
+        """Whether speculative decoding is on (it is unless :meth:`set_speculation` turned it off)."""
+        return self._speculation_enabled
 
     @property
     def num_in_flight(self) -> int:

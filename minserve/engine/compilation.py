@@ -20,6 +20,15 @@ How this module makes that work on a paged KV cache, and why only decode steps a
 * **At start-up.** The compile runs on a dummy decode step when the engine is built, so a machine where
   inductor cannot compile (no C++ compiler, say) fails there with an error that says so, and no request
   waits on a compile. The dummy step writes keys and values into block 0, which no request holds yet.
+* **Never again after start-up.** The graph is reused only while dynamo's guards hold: checks that what it
+  traced is still what would run (the model's modules and attributes, the inputs' dtypes). Anything that
+  changes those after start-up (a timer wrapped around ``model.forward``, a hook, a swapped module) would
+  make dynamo trace again: tens of seconds in the middle of serving, a graph for every change, and an
+  error anyway where the new trace breaks the graph. Every step after start-up therefore runs under torch's
+  ``fail_on_recompile`` stance: a recompile is an error naming the guard that failed. (Measured on
+  SmolLM2, int4: a benchmark that wrapped the model's forward to time it made every decode step fail,
+  which its table showed as 15 tokens/s offline; untouched, the same run has no recompile.) Time the
+  forward from outside the compiled region, :meth:`ModelRunner.logits` say, not inside it.
 """
 
 from __future__ import annotations
@@ -70,6 +79,7 @@ class CompiledDecode:
             "~%.0f s on a small CPU, once, before the first request",
             expected_compile_s(model.config.num_layers),
         )
+        self.started = False  # True once the start-up step has compiled the graph
         start_s = time.perf_counter()
         try:
             self._dummy_step(block_size)
@@ -77,6 +87,7 @@ class CompiledDecode:
             raise ValueError(
                 f"compile_model=True: {_what_failed(error)}; leave compile_model off to run eagerly"
             ) from error
+        self.started = True
         self.compile_s = time.perf_counter() - start_s
         logger.info("compiled the decode forward in %.1f s", self.compile_s)
 
@@ -88,7 +99,15 @@ class CompiledDecode:
         """The step's final hidden states ``[num_seqs, hidden]``, from the compiled graph."""
         meta.step_tensors = StepTensors.build(meta.query_lens, meta.context_lens, self.device)
         _mark_sizes_unbacked(input_ids, positions, meta)
-        return self.forward(input_ids, positions, meta)
+        if not self.started:  # the start-up step: the one compile
+            return self.forward(input_ids, positions, meta)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self.forward(input_ids, positions, meta)
+        except RuntimeError as error:
+            if "fail_on_recompile" not in str(error):
+                raise
+            raise RuntimeError(_recompile_message(error)) from error
 
     @torch.inference_mode()
     def _dummy_step(self, block_size: int) -> None:
@@ -123,6 +142,17 @@ def _mark_sizes_unbacked(input_ids: torch.Tensor, positions: torch.Tensor, meta:
         mark_unbacked(tensor, 0)
     mark_unbacked(meta.block_tables, 0)
     mark_unbacked(meta.block_tables, 1)
+
+
+def _recompile_message(error: RuntimeError) -> str:
+    """What a recompile after start-up means, and what to change, above dynamo's own list of the guards
+    that failed (the lines after its first)."""
+    guards = "\n".join(str(error).splitlines()[1:]) or "(dynamo named no guard)"
+    return (
+        "the compiled decode forward would have to be traced again: something changed the model after the "
+        "engine compiled it (a wrapper around model.forward, a hook, a swapped module). Change the model "
+        "before building the engine, or time ModelRunner.logits instead of the model's forward.\n" + guards
+    )
 
 
 def _what_failed(error: Exception) -> str:

@@ -64,6 +64,8 @@ def drive(
             arrival.add(now if by_step else due_s(arrival))
             next_index += 1
         if not core.has_unfinished_requests():  # idle: let time pass until the next arrival
+            if next_index == len(pending):
+                break  # none is left: the last arrivals added nothing (a simulated admission refused them)
             if by_step:
                 steps = max(steps, int(pending[next_index].due))
             else:

@@ -13,7 +13,13 @@ else, so it is measured from the engine's recent steps:
   a waiting request gets a slot only as others finish, so this is the rate its queue moves at.
 
 Each is an exponentially weighted moving average (EWMA) with weight ``weight`` on the newest step, so a
-change of load shows within a few dozen steps. The prefill rate is a ratio of two such averages (tokens and
+change of load shows within about ``1 / weight`` steps. That horizon must be longer than a request's life in
+steps: requests admitted together finish together, so finishes come in bursts, and a short average swings
+between "many per second" and "none". Admission acts on it at the worst moments: it admits most while the
+estimate is high. With a 10-step horizon, 16 slots and 32-token answers at 3x load on a 2-core CPU, the
+finish rate read at admission was 30–50% above the one the server delivered (median 19 against 13–15
+requests/s), and the admitted requests' median TTFT came out 1.2–1.3 times the predicted one; at 50 steps,
+12% above, and 1.16 times. The prefill rate is a ratio of two such averages (tokens and
 seconds), so a long step weighs more than a short one, as it should. Before the first measurement the
 meter answers with a prior (:data:`PRIOR`); the first measurement replaces it.
 
@@ -60,7 +66,7 @@ PRIOR = ServiceRates(prefill_tokens_per_s=1000.0, decode_step_s=0.05)
 class ServiceRateMeter:
     """A step observer keeping EWMAs of the prefill rate and the decode step time; ``rates`` reads them."""
 
-    def __init__(self, weight: float = 0.1, prior: ServiceRates = PRIOR) -> None:
+    def __init__(self, weight: float = 0.02, prior: ServiceRates = PRIOR) -> None:
         if not 0 < weight <= 1:
             raise ValueError(f"weight must be in (0, 1], got {weight!r}")
         self.weight, self.prior = weight, prior
@@ -70,6 +76,7 @@ class ServiceRateMeter:
         self._finished: float | None = None  # EWMA of the requests a step ended …
         self._step_s: float | None = None  # … and of any step's time
         self._num_steps = 0
+        self._seen_finish = False  # no finish yet: no finish rate to report
 
     def __call__(self, report: StepReport) -> None:
         prompt_tokens = sum(s.num_new_tokens for s in report.scheduled if s.state in PREFILL_STATES)
@@ -77,9 +84,11 @@ class ServiceRateMeter:
             return  # a clock too coarse to see the step says nothing about its rate
         self._num_steps += 1
         finished = sum(1 for output in report.outputs if output.finished)
-        if finished or self._finished is not None:  # from the first finish on: before it, nothing to average
-            self._finished = self._average(self._finished, finished)
-            self._step_s = self._average(self._step_s, report.step_s)
+        # Every step counts, those before the first finish too: begun at the first finish, the average
+        # would start from a burst and promise a rate the engine never had until it decayed.
+        self._finished = self._average(self._finished, finished)
+        self._step_s = self._average(self._step_s, report.step_s)
+        self._seen_finish = self._seen_finish or finished > 0
         if prompt_tokens:
             self._prefill_tokens = self._average(self._prefill_tokens, prompt_tokens)
             self._prefill_step_s = self._average(self._prefill_step_s, report.step_s)
@@ -96,5 +105,5 @@ class ServiceRateMeter:
         if self._prefill_tokens is not None and self._prefill_step_s:
             prefill = self._prefill_tokens / self._prefill_step_s
         decode = self.prior.decode_step_s if self._decode_step_s is None else self._decode_step_s
-        finished = self._finished / self._step_s if self._finished is not None and self._step_s else None
+        finished = self._finished / self._step_s if self._seen_finish and self._step_s else None
         return ServiceRates(prefill, decode, self._num_steps, finished)

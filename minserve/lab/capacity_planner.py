@@ -134,14 +134,15 @@ def attainment_figure(
         row=1,
         col=2,
     )  # fmt: skip
-    for col in (1, 2):
+    for col in (1, 2):  # labelled on the left only: plotly writes "new text" on a line whose label is None
         if knee_rps > 0:
-            fig.add_vline(x=knee_rps, line={"dash": "dash", "color": SLO_COLOR}, row=1, col=col,
-                          annotation_text=f"knee {knee_rps:.3g}/s" if col == 1 else None)  # fmt: skip
+            label = {"annotation_text": f"knee {knee_rps:.3g}/s"} if col == 1 else {}
+            fig.add_vline(x=knee_rps, line={"dash": "dash", "color": SLO_COLOR}, row=1, col=col, **label)
         if ceiling_rps:
-            fig.add_vline(x=ceiling_rps, line={"dash": "dot", "color": "#666666"}, row=1, col=col,
-                          annotation_text="ceiling" if col == 1 else None, annotation_position="top left")  # fmt: skip
-    fig.update_layout(template=register_course_theme(), title=title)
+            label = {"annotation_text": "ceiling", "annotation_position": "top left"} if col == 1 else {}
+            fig.add_vline(x=ceiling_rps, line={"dash": "dot", "color": "#666666"}, row=1, col=col, **label)
+    legend_below = {"orientation": "h", "yanchor": "top", "y": -0.15, "xanchor": "left", "x": 0}  # a long title
+    fig.update_layout(template=register_course_theme(), title=title, margin={"b": 110}, legend=legend_below)
     fig.update_xaxes(title_text="arrival rate, requests/s")
     fig.update_yaxes(title_text="share of requests", tickformat=".0%", range=[0, 1.05], row=1, col=1)
     fig.update_yaxes(title_text="good requests/s", row=1, col=2)

@@ -6,7 +6,7 @@
 No request can stop the server. Every request is checked before it reaches the engine and refused with an
 OpenAI-style 4xx body naming the field (:mod:`~minserve.serve.protocol`); the key and the body's size are
 checked before it is even parsed (:mod:`~minserve.serve.guard`). Tokenizing runs in a worker thread, so a
-long prompt never holds the event loop. Admission is a policy (:mod:`~minserve.serve.admission`): a request
+long prompt never holds the event loop. Admission is a policy (:mod:`~minserve.engine.admission`): a request
 it refuses gets 429 at once, with a Retry-After predicted from the queue, and its decision is exact under any
 concurrency because the server reads the queue, decides and joins it in one synchronous stretch, no
 ``await`` between. Under heavy load, degraded modes (:mod:`~minserve.serve.degrade`) cap what each request
@@ -34,11 +34,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minserve.config import ServerConfig
+from minserve.engine.admission import QueueState, RequestFacts, make_admission, retry_after_header
 from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.serve import degrade
-from minserve.serve.admission import QueueState, RequestFacts, make_admission, retry_after_header
 from minserve.serve.guard import RequestGuard
 from minserve.serve.metrics import ServerMetrics
 from minserve.serve.protocol import (
@@ -96,9 +96,27 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
     state = {"draining": False}
 
+    def observe_load() -> bool:
+        """Read the load now: the degraded modes' switch and the load gauges follow it. Returns whether the
+        modes are on."""
+        queue = QueueState.of(engine)
+        degraded = degrader is not None and degrader.observe(queue)
+        metrics.observe_load(queue, degraded)
+        return degraded
+
+    async def watch_load() -> None:
+        # Admissions and scrapes read the load too, but a server whose load has fallen may see neither for a
+        # while: without this, it would stay degraded (speculation off) until the next request.
+        while True:
+            await asyncio.sleep(degrade.WATCH_INTERVAL_S)
+            observe_load()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        watcher = asyncio.create_task(watch_load()) if degrader is not None else None
         yield
+        if watcher is not None:
+            watcher.cancel()
         state["draining"] = True  # refuse new work, let what runs finish
         deadline = time.monotonic() + config.shutdown_drain_s
         while engine.num_in_flight and time.monotonic() < deadline:
@@ -106,7 +124,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         engine.shutdown(trace_out=config.trace_out)
 
     app = FastAPI(title="minserve", lifespan=lifespan)
-    app.state.engine, app.state.metrics = engine, metrics
+    app.state.engine, app.state.metrics, app.state.degrader = engine, metrics, degrader
 
     def refuse(
         status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
@@ -136,8 +154,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
-        queue = QueueState.of(engine)
-        metrics.observe_load(queue, degrader is not None and degrader.observe(queue))
+        observe_load()
         text = metrics.render(engine.stats(), engine.num_restarts)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 

@@ -10,7 +10,9 @@ fallen to ``exit``, below it. One threshold would flap: a load hovering at the t
 modes on and off with every request, and the answers would change length at random. Between the two
 thresholds the switch keeps whatever state it is in.
 
-The server observes the load at every admission and every ``/metrics`` scrape, applies the modes to each
+The server observes the load at every admission, every ``/metrics`` scrape, and every
+:data:`WATCH_INTERVAL_S` seconds in between (a load that falls while no request arrives still turns the modes
+off), applies the modes to each
 request it admits while degraded (:meth:`Degrader.apply`), names them in an ``X-Minserve-Degraded`` response
 header, and shows the state as the gauge ``minserve:degraded_mode``. Turning speculation off is a message to
 the engine core (``AsyncLLMEngine.set_speculation``), sent when the switch changes state. Off unless
@@ -23,13 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minserve.engine.admission import QueueState, Refusal
 from minserve.engine.sampling_params import SamplingParams
-from minserve.serve.admission import QueueState, Refusal
 
 if TYPE_CHECKING:
     from minserve.config import ServerConfig
 
 HEADER = "X-Minserve-Degraded"
+WATCH_INTERVAL_S = 0.25  # seconds between the server's own readings of the load
 
 
 @dataclass(frozen=True)

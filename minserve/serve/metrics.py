@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from minserve.engine.admission import QueueState
 from minserve.engine.engine import EngineStats
 from minserve.engine.outputs import RequestOutput
-from minserve.serve.admission import QueueState
 from minserve.serve.protocol import finish_reason
 
 LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80)

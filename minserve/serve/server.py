@@ -7,8 +7,8 @@ import logging
 import uvicorn
 
 from minserve.config import EngineConfig, ServerConfig
+from minserve.engine.admission import make_admission
 from minserve.engine.async_engine import AsyncLLMEngine
-from minserve.serve.admission import make_admission
 from minserve.serve.api import create_app
 from minserve.serve.degrade import make_degrader
 

@@ -7,16 +7,18 @@ wait and then fails anyway.
 
 A policy is one small idea, as a scheduling policy is (:mod:`minserve.engine.policies`):
 ``decide(request, queue) → None`` (admit) or a :class:`Refusal` saying why and when to come back. It reads
-only the two facts objects below, so it is tested on synthetic queues without a server, and chapter 09's
-exercise plugs its own in (``ServerConfig(admission=MyPolicy())``).
+only the two facts objects below, so it is tested on synthetic queues without a server, the simulator
+(:mod:`minserve.capacity.simulator`) runs the same policies the server does, and chapter 09's exercise
+plugs its own in (``ServerConfig(admission=MyPolicy())``). It lives beside the engine, not in the server,
+for that reason: the server and the simulator both reach it here.
 
 * :class:`QueueLength`: at most ``max_waiting_requests`` waiting. Simple, and blind to how long each one is.
 * :class:`TokenBudget`: at most ``max_queued_prompt_tokens`` prompt tokens queued: the prefill work ahead.
 * :class:`DeadlineAware`: refuse a request whose *predicted* time to first token already exceeds its
-  budget: its own timeout if it sent one, else the server's TTFT SLO. It waits for two things, whichever
-  ends later: the prefill work ahead of it (at the engine's measured prefill rate), and, when the running
-  batch is full, a free slot (the requests ahead of it, and one more, must finish first, at the measured
-  finish rate); then its own prefill.
+  budget: the server's TTFT SLO, or the request's own timeout where that is shorter. It waits for two
+  things, whichever ends later: the prefill work ahead of it (at the engine's measured prefill rate),
+  and, when the running batch is full, a free slot (the requests ahead of it, and one more, must finish
+  first, at the measured finish rate); then its own prefill.
 
 Every refusal carries ``retry_after_s``, computed from the queue: how long until the work in excess of the
 limit has drained, at the measured rates. The server rounds it up to whole seconds for the
@@ -38,6 +40,7 @@ from minserve.engine.service_rates import ServiceRates
 if TYPE_CHECKING:
     from minserve.config import ServerConfig
     from minserve.engine.async_engine import AsyncLLMEngine
+    from minserve.engine.core import EngineStats
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,18 @@ class QueueState:
         return self.rates.finishing_s(self.num_waiting + 1 - free) or 0.0
 
     @classmethod
+    def of_counts(
+        cls, stats: EngineStats, queued_prompt_tokens: int, rates: ServiceRates, max_num_seqs: int | None
+    ) -> QueueState:
+        """The state from an engine's counts: the one rule behind the server's view (:meth:`of`) and the
+        simulator's (:mod:`minserve.capacity.simulator`), so both policies see the same numbers."""
+        kv_usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
+        return cls(stats.num_waiting, stats.num_running, queued_prompt_tokens, rates, kv_usage, max_num_seqs)
+
+    @classmethod
     def of(cls, engine: AsyncLLMEngine) -> QueueState:
         """The state of ``engine`` now (synchronous: nothing it reads waits on the core)."""
-        stats = engine.stats()
-        kv_usage = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0
-        return cls(stats.num_waiting, stats.num_running, engine.num_queued_prompt_tokens, engine.rates, kv_usage,
-                   engine.config.max_num_seqs)  # fmt: skip
+        return cls.of_counts(engine.stats(), engine.num_queued_prompt_tokens, engine.rates, engine.config.max_num_seqs)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,13 @@ class Refusal:
     reason: str
     retry_after_s: float
     message: str
+
+
+def budget_of(request: RequestFacts, ttft_slo_s: float) -> float:
+    """The seconds a request's first token may take: the server's TTFT SLO, or the request's own timeout
+    where that is shorter. A longer timeout does not loosen the SLO: the server keeps its queue short for
+    every request, and a client that can wait a minute does not get to fill it with a minute of work."""
+    return ttft_slo_s if request.timeout_s is None else min(ttft_slo_s, request.timeout_s)
 
 
 def retry_after_header(retry_after_s: float, floor_s: int = 1) -> str:
@@ -193,38 +209,46 @@ class DeadlineAware(AdmissionPolicy):
 
     Predicted TTFT = max(prompt tokens queued ahead / measured prefill rate, the wait for a slot in a full
     batch, :meth:`QueueState.slot_wait_s`) + its own prompt / prefill rate. The two waits overlap (requests
-    ahead are prefilled as they get their slots), so the later one counts. The budget is the request's own
-    timeout when it sent one, else ``ttft_slo_s``. With nothing ahead of it, waiting cannot help, so the
-    request is admitted whatever the prediction.
+    ahead are prefilled as they get their slots), so the later one counts. The budget is ``ttft_slo_s``, or
+    the request's own timeout where that is shorter, times ``headroom``. With nothing ahead of it, waiting
+    cannot help, so the request is admitted whatever the prediction.
+
+    Why a headroom: under overload the queue settles where the prediction meets the budget, and a prediction
+    is a mean: the actual TTFTs scatter around it, so with the whole budget about half the admitted requests
+    miss. The server aims at ``ServerConfig.admission_headroom`` (0.5) of it.
     """
 
     name = "deadline"
 
-    def __init__(self, ttft_slo_s: float) -> None:
+    def __init__(self, ttft_slo_s: float, headroom: float = 1.0) -> None:
         if not ttft_slo_s > 0:
             raise ValueError(f"ttft_slo_s must be > 0 seconds, got {ttft_slo_s!r}")
-        self.ttft_slo_s = ttft_slo_s
+        if not 0 < headroom <= 1:
+            raise ValueError(f"headroom must be in (0, 1], the share of the budget to aim at, got {headroom!r}")
+        self.ttft_slo_s, self.headroom = ttft_slo_s, headroom
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> DeadlineAware:
-        return cls(config.ttft_slo_ms / 1e3)
+        return cls(config.ttft_slo_ms / 1e3, config.admission_headroom)
 
     def predicted_ttft_s(self, request: RequestFacts, queue: QueueState) -> float:
         ahead_s = max(queue.rates.prefill_s(queue.queued_prompt_tokens), queue.slot_wait_s())
         return ahead_s + queue.rates.prefill_s(request.prompt_tokens)
 
     def decide(self, request: RequestFacts, queue: QueueState) -> Refusal | None:
-        budget_s = self.ttft_slo_s if request.timeout_s is None else request.timeout_s
+        budget_s = self.headroom * budget_of(request, self.ttft_slo_s)
         predicted_s = self.predicted_ttft_s(request, queue)
         if (queue.queued_prompt_tokens == 0 and queue.slot_wait_s() == 0) or predicted_s <= budget_s:
             return None
         message = (f"predicted time to first token {predicted_s:.2f} s ({queue.queued_prompt_tokens} prompt "
                    f"tokens queued ahead at {queue.rates.prefill_tokens_per_s:.0f} tokens/s, "
                    f"{queue.slot_wait_s():.2f} s until a slot frees) exceeds {budget_s:g} s")  # fmt: skip
+        if self.headroom < 1:
+            message += f" ({self.headroom:g} of the {budget_s / self.headroom:g} s budget: predictions scatter)"
         return Refusal("ttft_slo", predicted_s - budget_s, message)  # once that much work has drained
 
     def __repr__(self) -> str:
-        return f"DeadlineAware(ttft_slo_s={self.ttft_slo_s})"
+        return f"DeadlineAware(ttft_slo_s={self.ttft_slo_s}, headroom={self.headroom})"
 
 
 class FirstRefusal(AdmissionPolicy):
@@ -274,6 +298,7 @@ __all__ = [
     "Refusal",
     "RequestFacts",
     "TokenBudget",
+    "budget_of",
     "make_admission",
     "retry_after_header",
 ]
