@@ -32,18 +32,12 @@ from minserve import slo
 from minserve.bench.client import ClientConfig
 from minserve.bench.overload import measure_capacity, overload_table, run_overload
 from minserve.bench.workload import LengthDist, WorkloadSpec
-from minserve.serve.launch import ServerProcess
+from minserve.serve.launch import ServerProcess, resident_bytes
 
 
 def rss_mib(pid: int) -> float:
     """A process's resident memory now, MiB (Linux /proc; 0 when it has gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
+    return resident_bytes(pid) / 2**20
 
 
 def engine_core_pid(server_pid: int) -> int:

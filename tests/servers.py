@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 import time
-
-import uvicorn
 
 from minserve.config import EngineConfig, ServerConfig
 from minserve.engine.async_engine import AsyncLLMEngine
 from minserve.serve.api import create_app
-from minserve.serve.launch import free_port
+from minserve.serve.launch import ServerThread
 
 MODEL = "minserve-tiny"
 
@@ -24,16 +21,8 @@ class RunningServer:
     def __init__(self, server_config: ServerConfig | None = None, model_path=None, **engine_options) -> None:
         """``model_path``: a checkpoint to serve under the name ``MODEL`` (default: the embedded model)."""
         self.engine = AsyncLLMEngine(EngineConfig(model=str(model_path or MODEL), **engine_options))
-        app = create_app(self.engine, MODEL, server_config or ServerConfig())
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        for _ in range(200):
-            if self.server.started:
-                break
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.serving = ServerThread(create_app(self.engine, MODEL, server_config or ServerConfig()))
+        self.port, self.url = self.serving.port, self.serving.url
 
     def wait_until_idle(self, timeout_s: float = 10.0) -> None:
         """Until no request is in flight and every KV block is free (aborts land at the next step)."""
@@ -45,5 +34,4 @@ class RunningServer:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.serving.stop()

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +25,7 @@ from minserve.engine.admission import AdmissionPolicy, QueueLength, QueueState, 
 from minserve.engine.async_engine import AsyncLLMEngine
 from minserve.engine.service_rates import ServiceRates
 from minserve.serve.api import create_app
-from minserve.serve.launch import free_port
+from minserve.serve.launch import ServerThread
 
 PROPERTY = settings(
     max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -220,20 +218,11 @@ class _Server:
 
     def __init__(self, policy: AdmissionPolicy, **engine_options) -> None:
         self.engine = AsyncLLMEngine(EngineConfig(model=MODEL, **engine_options))
-        app = create_app(self.engine, MODEL, ServerConfig(admission=policy))
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        for _ in range(600):
-            if self.server.started:
-                break
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.serving = ServerThread(create_app(self.engine, MODEL, ServerConfig(admission=policy)), 30.0)
+        self.url = self.serving.url
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.serving.stop()
 
 
 def _burst(url: str, body: dict, n: int) -> list[httpx.Response]:

@@ -21,10 +21,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 STARTUP_TIMEOUT_S = 120.0  # loading a model from disk; the embedded one takes a second or two
 STOP_GRACE_S = 30.0  # SIGTERM drains running requests; past this the server is killed
@@ -35,6 +37,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory now, in bytes (Linux: /proc; 0 elsewhere, or when it has gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -108,13 +121,7 @@ class ServerProcess:
 
     def rss_bytes(self) -> int:
         """The server's resident memory now, in bytes (Linux: /proc; elsewhere 0)."""
-        status = Path(f"/proc/{self.pid}/status")
-        if not status.exists():
-            return 0
-        for line in status.read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return resident_bytes(self.pid)
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int | None:
         """Ask the server to drain and exit; kill it past ``grace_s``. Idempotent.
@@ -137,6 +144,28 @@ class ServerProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class ServerThread:
+    """An app served by uvicorn in a thread of this process, on a free loopback port: for tests that read the
+    engine while it serves, or plug in an object a command line cannot carry (chapter 09's grader plugs in
+    the learner's admission policy). ``stop`` asks uvicorn to exit, which runs the app's shutdown."""
+
+    def __init__(self, app: Any, startup_timeout_s: float = 10.0) -> None:
+        import uvicorn  # only for this in-process server; a child process imports its own
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + startup_timeout_s
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
 
 
 def start_servers(
