@@ -36,14 +36,14 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overload import RssSampler, engine_core_pid
+from overload import memory_mib, server_memory
 
 from minserve.bench import server_metrics
 from minserve.bench.arrivals import OpenLoop
 from minserve.bench.client import ClientConfig, RequestResult
 from minserve.bench.runner import run_once, run_sync
 from minserve.bench.workload import LengthDist, WorkloadSpec, build_requests
-from minserve.serve.launch import ServerProcess
+from minserve.serve.launch import ServerProcess, engine_core_pid
 
 MODEL = "minserve-tiny"
 
@@ -162,14 +162,14 @@ def slow_readers(args: argparse.Namespace) -> dict:
             host, port = server.url.removeprefix("http://").split(":")
             request = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body  # fmt: skip
-            with RssSampler(server.pid, 0.25) as sampler:
+            with server_memory(server.pid, 0.25) as sampler:
                 sockets = [_socket(host, int(port)) for _ in range(args.requests)]
                 for sock in sockets:
                     sock.sendall(request)
                 if mode == "stalled":
                     time.sleep(args.stall_s)  # read nothing: the server's send buffers fill
                 received = sum(_drain(sock) for sock in sockets)
-            memory[mode] = sampler.summary()["front_end"] | {"bytes_received": received}
+            memory[mode] = memory_mib(sampler)["front_end"] | {"bytes_received": received}
     return memory
 
 

@@ -93,8 +93,8 @@ def load_transformers(model: str, dtype: torch.dtype = torch.float32):
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
-def run_transformers(model: str, requests, batch_size: int) -> dict:
-    hf = load_transformers(model)
+def run_transformers(model: str, requests, batch_size: int, dtype: torch.dtype = torch.float32) -> dict:
+    hf = load_transformers(model, dtype)
     pad = hf.config.pad_token_id if hf.config.pad_token_id is not None else 0
     with torch.inference_mode():
         hf.generate(torch.tensor([requests[0][0]]), max_new_tokens=4, do_sample=False)  # warm-up

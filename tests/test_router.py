@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable
 
 import httpx
 import pytest
-import uvicorn
 
 from minserve.bench.server_metrics import scrape
 from minserve.cli import _replica_serve_argv, build_parser, main
-from minserve.serve.launch import ServerProcess, free_port, start_servers
+from minserve.serve.launch import ServerProcess, ServerThread, free_port, start_servers
 from minserve.serve.router import REPLICA_HEADER, create_router_app
 from minserve.serve.routing import RouterConfig
 
@@ -35,16 +33,13 @@ def replicas():
         server.stop()
 
 
-class RunningRouter:
-    """The router's app under uvicorn on a free loopback port, in a thread; ``router`` is its state."""
+class RunningRouter(ServerThread):
+    """The router's app served in a thread of this process (:class:`ServerThread`); ``router`` is its state."""
 
     def __init__(self, urls: list[str], **config) -> None:
         app = create_router_app(urls, RouterConfig(**config))
         self.router = app.state.router
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.server = uvicorn.Server(uvicorn.Config(app, port=int(self.url.rsplit(":", 1)[1]), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
+        super().__init__(app)
         _wait_for(lambda: self.server.started, "the router to start")
 
     def complete(self, prompt: str, max_tokens: int = 4, **fields) -> httpx.Response:
@@ -62,8 +57,7 @@ class RunningRouter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.stop()
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
@@ -227,7 +221,7 @@ def test_with_no_healthy_replica_the_answer_is_503_with_retry_after():
         assert router.metric("requests_unavailable_total") == 3
 
 
-class StandIn:
+class StandIn(ServerThread):
     """A replica stand-in: a real HTTP server whose completions answer with ``status`` (a restarting
     replica's 503, a full queue's 429), counting the requests it got."""
 
@@ -246,13 +240,8 @@ class StandIn:
             self.requests += 1
             return JSONResponse({"error": {"message": "busy", "type": "x", "param": None, "code": None}}, status)
 
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.server = uvicorn.Server(uvicorn.Config(app, port=int(self.url.rsplit(":", 1)[1]), log_level="warning"))
-        threading.Thread(target=self.server.run, daemon=True).start()
+        super().__init__(app)
         _wait_for(lambda: self.server.started, "the stand-in to start")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
 
 
 def test_a_503_is_retried_on_another_replica_and_a_429_is_not(replicas):

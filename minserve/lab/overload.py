@@ -11,11 +11,9 @@ server's resident memory while it runs. Times are seconds, rates requests per se
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -26,7 +24,7 @@ from minserve.bench.client import ClientConfig
 from minserve.bench.workload import WorkloadSpec
 from minserve.capacity.simulator import SchedulerConfig
 from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength
-from minserve.serve.launch import ServerProcess
+from minserve.serve.launch import MemorySampler, ServerProcess
 
 MEMORY_SAMPLE_S = 0.25  # how often the server's resident memory is read during a run
 CAPACITY_TIMEOUT_S = 120.0  # the capacity run's per-request timeout: long enough never to cut one short
@@ -54,32 +52,6 @@ def engine_args(config: SchedulerConfig, threads: int = 1) -> list[str]:
         "--max-num-seqs", str(config.max_num_seqs), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
         "--num-kv-blocks", str(config.num_kv_blocks), "--threads", str(threads),
     ]  # fmt: skip
-
-
-@dataclass
-class MemorySampler:
-    """The server's resident memory every ``every_s`` seconds, in a background thread while in a ``with``:
-    ``samples`` holds (seconds since start, bytes)."""
-
-    server: ServerProcess
-    every_s: float = MEMORY_SAMPLE_S
-    samples: list[tuple[float, int]] = field(default_factory=list)
-
-    def __enter__(self) -> MemorySampler:
-        self._stop = threading.Event()
-        self._start = time.monotonic()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.monotonic() - self._start, self.server.rss_bytes()))
-            self._stop.wait(self.every_s)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @contextmanager
@@ -133,9 +105,9 @@ def overload_on_server(
             if not capacity:  # with no timeout that matters: a closed loop's requests queue, and all must count
                 patient = ClientConfig(server.url, model, ignore_eos=True, timeout_s=CAPACITY_TIMEOUT_S)
                 capacity = overload.measure_capacity(patient, workload, 2 * config.max_num_seqs, capacity_requests)
-            with MemorySampler(server) as sampler:
+            with MemorySampler({"server": server.pid}, MEMORY_SAMPLE_S) as sampler:
                 runs += overload.run_overload(client, workload, capacity, load_multiples, duration_s, contract, label)
-            memory[label] = sampler.samples
+            memory[label] = sampler.samples["server"]
     return ServedOverload(capacity, runs, memory)
 
 

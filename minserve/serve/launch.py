@@ -50,6 +50,59 @@ def resident_bytes(pid: int) -> int:
     return 0
 
 
+def engine_core_pid(server_pid: int) -> int:
+    """The engine core of the server ``server_pid`` (Linux): its child started by multiprocessing's spawn, not
+    the resource tracker beside it; 0 when there is none. A restarted core is the child of the thread that
+    restarted it, so every thread's children are looked at."""
+    for children in Path(f"/proc/{server_pid}/task").glob("*/children"):
+        for pid in children.read_text().split():
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return int(pid)
+    return 0
+
+
+class MemorySampler:
+    """Resident memory of named processes every ``every_s`` seconds, in a background thread while in a
+    ``with``: ``samples[name]`` holds (seconds since the ``with`` began, bytes), a first sample at once.
+
+        with MemorySampler({"front_end": server.pid}, every_s=0.5) as memory:
+            ...  # load the server
+        memory.summary()["front_end"]["max"]
+    """
+
+    def __init__(self, pids: dict[str, int], every_s: float = 0.5) -> None:
+        self.pids, self.every_s = dict(pids), every_s
+        self.samples: dict[str, list[tuple[float, int]]] = {name: [] for name in self.pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while True:
+            now = time.monotonic() - self._start
+            for name, pid in self.pids.items():
+                self.samples[name].append((now, resident_bytes(pid)))
+            if self._stop.wait(self.every_s):
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Per process, its first, largest and last sample, in bytes."""
+        return {
+            name: {"first": s[0][1], "max": max(b for _, b in s), "last": s[-1][1]}
+            for name, s in self.samples.items()
+            if s
+        }
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     import ctypes
 
