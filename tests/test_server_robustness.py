@@ -18,6 +18,7 @@ import pytest
 
 from minserve import LLM, SamplingParams
 from minserve.config import ServerConfig
+from minserve.serve.launch import ServerProcess
 from tests.checkpoints import poisoned_copy
 from tests.servers import MODEL, RunningServer
 
@@ -160,6 +161,27 @@ def test_a_killed_core_fails_its_requests_clearly_and_a_new_core_serves(caplog):
         assert 'minserve:request_success_total{finished_reason="error"} 1.0' in metrics
     finally:
         running.stop()
+
+
+def test_a_stop_signal_to_the_whole_group_drains_the_stream_and_is_not_a_core_failure():
+    """Ctrl-C, torchrun and service managers signal every process of the server, its engine core too. The
+    core must outlive the front end's drain, and its end must not read as a failure to restart from."""
+    server = ServerProcess(["--max-num-seqs", "4"], own_process_group=True)
+    try:
+        body = {"model": MODEL, "prompt": "def drain():", "max_tokens": 300, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            os.killpg(server.pid, signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]", rest[-2:]
+        assert json.loads(rest[-2].removeprefix("data: "))["usage"]["completion_tokens"] == 300
+        assert server.process.wait(60) is not None, "the server exits once drained"
+        log = server.log_path.read_text()
+        assert "engine core failed" not in log and "restarted" not in log, log
+    finally:
+        server.stop()
 
 
 def _wait_for_health(server, wanted: str, timeout_s: float = 120) -> dict:

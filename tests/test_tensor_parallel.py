@@ -106,6 +106,62 @@ def test_torchrun_starts_the_ranks_and_rank_0_gives_one_process_text():
     assert "def fibonacci(n):" not in wrong.stdout  # rank 0 refused too, rather than serve as one process
 
 
+def test_torchrun_stopped_mid_stream_drains_it_and_no_rank_reads_as_a_failure(tmp_path):
+    """torchrun passes a SIGTERM on to every rank. Rank 0's server drains what it streams; the other rank and
+    rank 0's engine core wait for rank 0 to say stop, so the drain finishes and nothing logs a failed core."""
+    import httpx
+
+    from minserve.serve.launch import free_port
+
+    port = free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "minserve.cli", "serve", "--tensor-parallel-size", "2", "--port", str(port)]  # fmt: skip
+    log_path = tmp_path / "torchrun.log"
+    with log_path.open("wb") as log:
+        launcher = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and launcher.poll() is None:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "minserve-tiny", "prompt": "def drain():", "max_tokens": 200, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            launcher.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data:")]
+        assert rest[-1] == "data: [DONE]", rest[-2:]
+        assert '"completion_tokens":200' in rest[-2].replace(" ", "")
+        launcher.wait(120)
+        log_text = log_path.read_text(errors="replace")
+        assert "engine core failed" not in log_text and "restarted" not in log_text, log_text[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def test_a_worker_that_exits_before_joining_fails_the_start_naming_it(monkeypatch):
+    """Rank 0 watches the workers it spawned while they start: one that exits on the way (an import that
+    fails, a GPU it cannot take) is named at once, not waited for until the join times out."""
+    import multiprocessing
+
+    from minserve.engine import workers
+
+    monkeypatch.setattr(workers, "COLLECTIVE_TIMEOUT_S", 60.0)  # the other outcome: "did not start within 60 s"
+    store = workers._listen(2)
+    dying = multiprocessing.get_context("spawn").Process(target=sys.exit, args=(3,))
+    dying.start()
+    with pytest.raises(RankFailure, match=r"tensor parallelism: rank\(s\) \{1: 3\} .* exited before joining"):
+        workers._wait_for_workers(store, [dying], "tensor parallelism")
+
+
 def _descendants_of(pid: int) -> list[int]:
     """Processes still running whose parent chain reaches ``pid`` (from /proc: Linux)."""
     parents = {}

@@ -25,6 +25,10 @@ From the core:
 
 Only what changed crosses the pipe (new token ids, new text), so a step's message stays small however long
 the requests grow; the front end keeps the running totals.
+
+The front end owns the core's life: the core ignores SIGINT and SIGTERM, which a terminal's Ctrl-C, torchrun
+and service managers send to the whole process group (:func:`~minserve.engine.workers.ignore_stop_signals`).
+It ends when told (``shutdown``), or when the front end's end of the pipe closes, however the front end died.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from minserve.engine.engine import EngineStats, LLMEngine
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.service_rates import ServiceRateMeter
+from minserve.engine.workers import ignore_stop_signals
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
     # A spawned process starts with no logging set up: without this, a contained failure's traceback
     # (logged by the engine) would print as a bare line.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s (engine core): %(message)s")
+    ignore_stop_signals()  # the front end stops the core, after draining
     try:
         engine = LLMEngine(config)
     except Exception as error:  # a bad model path, an impossible configuration: say so, then end

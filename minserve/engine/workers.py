@@ -39,8 +39,9 @@ import contextlib
 import datetime
 import multiprocessing
 import os
-import socket
+import signal
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from minserve.model.llama import LlamaForCausalLM
 
 COLLECTIVE_TIMEOUT_S = 120.0  # a collective that waits this long for a rank fails instead of hanging
+JOINING_KEY = "minserve/joining/"  # + rank: set in rank 0's store by a spawned worker on its way into the group
 # Commands: the runner methods a worker calls, "gather" (call one and send its answer back), and "stop".
 STOP, FORWARD, SWAP, CLEAR, GATHER = "stop", "logits", "swap", "clear", "gather"
 
@@ -134,7 +136,8 @@ class ParallelGroup:
                 raise RuntimeError(f"{name}: rank {launched.rank} runs worker_main, not the engine (rank 0 does)")
             _join(0, world_size, "env://", device)
             return cls(Communicator(0, world_size), [], runner_cls, config, name)
-        address = f"tcp://127.0.0.1:{_free_port()}"
+        store = _listen(world_size)  # rank 0's rendezvous, open before any worker looks for it
+        address = f"tcp://127.0.0.1:{store.port}"
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no copy of this one's threads
         workers = [
             context.Process(target=worker_main, args=(rank, world_size, address, config, worker_runner), daemon=True)
@@ -142,7 +145,12 @@ class ParallelGroup:
         ]
         for worker in workers:
             worker.start()
-        _join(0, world_size, address, device)
+        try:
+            _wait_for_workers(store, workers, name)
+            _join(0, world_size, address, device, store)
+        except BaseException:
+            _kill(workers)
+            raise
         return cls(Communicator(0, world_size), workers, runner_cls, config, name)
 
     def runner(self, model, num_blocks: int, *cache: Any) -> ParallelRunner:
@@ -238,6 +246,7 @@ def worker_main(
     gpu = rank if local_rank is None else local_rank
     device = torch.device(f"cuda:{gpu}") if config.device.startswith("cuda") else torch.device("cpu")
     _join(rank, world_size, address, device)
+    ignore_stop_signals()  # joined: from here rank 0 says when to stop
     runner = worker_runner(rank, world_size, config, device)
     with torch.inference_mode():
         while (command := receive())[0] != STOP:
@@ -253,6 +262,16 @@ def worker_main(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def ignore_stop_signals() -> None:
+    """Let SIGINT and SIGTERM pass this process by: for a process whose life its owner manages (the engine
+    core, a worker rank). Ctrl-C in a terminal, torchrun and a service manager stopping a unit signal the
+    whole process group; a core or rank that died of it would fail the requests the server is still
+    draining, and the front end would take the death for a failure and start a new core. Such a process ends
+    when its owner says stop, or when its pipe or collective breaks because the owner is gone."""
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop_signal, signal.SIG_IGN)
 
 
 def load_rank_model(
@@ -291,12 +310,44 @@ def receive() -> tuple:
     return box[0]
 
 
-def _join(rank: int, world_size: int, address: str, device: torch.device) -> None:
+def _listen(world_size: int) -> dist.TCPStore:
+    """Rank 0's rendezvous store on a free loopback port (``store.port``), for the workers it spawns."""
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def _wait_for_workers(store: dist.TCPStore, workers: list[multiprocessing.process.BaseProcess], name: str) -> None:
+    """Until every spawned worker has said it is joining (:func:`_join`). A worker that exits first (an import
+    that fails, a GPU it cannot take) is an error at once, naming it, where joining would wait out
+    ``COLLECTIVE_TIMEOUT_S`` for it."""
+    keys = [f"{JOINING_KEY}{rank}" for rank in range(1, len(workers) + 1)]
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S
+    while not store.check(keys):  # check, not wait: a wait that times out logs a warning each time
+        exited = {rank: w.exitcode for rank, w in enumerate(workers, start=1) if w.exitcode is not None}
+        if exited:
+            raise RankFailure(f"{name}: rank(s) {exited} (rank: exit code) exited before joining the group; "
+                              "the lines they printed above say why")  # fmt: skip
+        if time.monotonic() > deadline:
+            raise RankFailure(f"{name}: the workers did not start within {COLLECTIVE_TIMEOUT_S:g} s")
+        time.sleep(0.05)
+
+
+def _join(rank: int, world_size: int, address: str, device: torch.device, store: dist.TCPStore | None = None) -> None:
+    """Join the process group at ``address``: ``"env://"``, torchrun's environment, or ``"tcp://host:port"``,
+    the store rank 0 listens on (rank 0 passes it as ``store``). There a worker says it is joining before it
+    joins, so that rank 0 can tell a worker on its way from one that died (:func:`_wait_for_workers`)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
+    if address == "env://":
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size, timeout=timeout)
+        return
+    if store is None:
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), world_size, is_master=False, timeout=timeout)
+        store.set(f"{JOINING_KEY}{rank}", "1")
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _kill(workers: list[multiprocessing.process.BaseProcess]) -> None:
@@ -306,12 +357,6 @@ def _kill(workers: list[multiprocessing.process.BaseProcess]) -> None:
         worker.join()
     if dist.is_initialized():  # so that this process can start another group
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 __all__ = [

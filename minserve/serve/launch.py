@@ -126,8 +126,11 @@ class ServerProcess:
         startup_timeout_s: float = STARTUP_TIMEOUT_S,
         env: dict[str, str] | None = None,
         wait: bool = True,
+        own_process_group: bool = False,
     ) -> None:
-        """``wait=False`` returns once the process is started; :meth:`wait_until_healthy` waits for it."""
+        """``wait=False`` returns once the process is started; :meth:`wait_until_healthy` waits for it.
+        ``own_process_group`` starts it in a session of its own, as a service manager does, so that a signal
+        can be sent to all its processes (``os.killpg(server.pid, ...)``) without reaching this one."""
         self.host, self.port = host, port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.model = model
@@ -141,6 +144,7 @@ class ServerProcess:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
                 preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                start_new_session=own_process_group,
             )
         atexit.register(self.stop)
         self.startup_timeout_s = startup_timeout_s
