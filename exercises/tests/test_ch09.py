@@ -248,7 +248,9 @@ def test_the_real_server_refuses_with_429_and_retry_after(exercise):
     the ones behind a queued prompt are refused: 429, your reason as the error code, Retry-After ≥ 1 second."""
     server = _Server(_policy(exercise, 0.01), max_num_seqs=1, num_kv_blocks=256)
     try:
-        body = {"model": MODEL, "prompt": "def count(): " * 8, "max_tokens": 48, "ignore_eos": True}
+        # Long prompts: each one queued ahead predicts tens of ms of prefill against a 5 ms budget, however
+        # fast this machine prefills, so the refusals do not hang on timing.
+        body = {"model": MODEL, "prompt": "def count(): " * 128, "max_tokens": 48, "ignore_eos": True}
         responses = _burst(server.url, body, 6)
     finally:
         server.stop()

@@ -96,13 +96,13 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
     state = {"draining": False}
 
-    def observe_load() -> bool:
-        """Read the load now: the degraded modes' switch and the load gauges follow it. Returns whether the
-        modes are on."""
+    def observe_load() -> tuple[QueueState, bool]:
+        """Read the load now: the degraded modes' switch and the load gauges follow it. Returns the load read
+        and whether the modes are on."""
         queue = QueueState.of(engine)
         degraded = degrader is not None and degrader.observe(queue)
         metrics.observe_load(queue, degraded)
-        return degraded
+        return queue, degraded
 
     async def watch_load() -> None:
         # Admissions and scrapes read the load too, but a server whose load has fallen may see neither for a
@@ -229,8 +229,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     def _admit(num_prompt_tokens: int, params: SamplingParams, own_timeout_s: float | None) -> bool:
         """Admit the request or raise its 429; return whether degraded modes were applied to it (they may
         lower ``params.max_tokens``). Synchronous: the caller joins the queue right after."""
-        queue = QueueState.of(engine)
-        degraded = degrader is not None and degrader.observe(queue)
+        queue, degraded = observe_load()
         refusal = degrader.apply(num_prompt_tokens, params, queue) if degraded else None
         facts = RequestFacts(num_prompt_tokens, params.max_tokens, own_timeout_s)
         refusal = refusal or admission.decide(facts, queue)
