@@ -170,20 +170,25 @@ def run_single(side: str, max_tokens: int, repeats: int) -> dict:
     }
 
 
+def operators_by_own_time(run: Callable[[], object]) -> list:
+    """``run()`` under torch's CPU profiler: its operators' averages, the most CPU time of their own first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    return sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+
+
 def run_profile(side: str, max_tokens: int) -> dict:
     """Where one single-stream decode step of minserve goes: torch's profiler over ``max_tokens`` steps, the
     top operators by their own CPU time, in ms per step."""
-    from torch.profiler import ProfilerActivity, profile
-
     from minserve import LLM, SamplingParams
 
     llm = LLM(MODEL, enable_tracing=False, **minserve_options(side))
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     prompt = chat_prompt_ids()
     llm.generate([prompt], params)  # warm-up
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        llm.generate([prompt], params)
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    events = operators_by_own_time(lambda: llm.generate([prompt], params))
     total_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / max_tokens
     top = {e.key: e.self_cpu_time_total / 1e3 / max_tokens for e in events[:6]}
     calls = sum(e.count for e in events) / max_tokens
@@ -211,17 +216,13 @@ def run_offline(side: str, args) -> dict:
 def run_offline_profile(side: str, args) -> dict:
     """Where minserve's offline run goes: torch's profiler over part 2's requests, the operators that took the
     most CPU time of their own, in seconds over the whole run."""
-    from torch.profiler import ProfilerActivity, profile
-
     from minserve import LLM, SamplingParams
 
     requests = workload(args.requests, args.seed, args.max_prompt, args.max_output)
     llm = LLM(MODEL, max_num_seqs=64, enable_tracing=False, **minserve_options(side))
     llm.generate([requests[0][0]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        llm.generate([p for p, _ in requests], params)
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    events = operators_by_own_time(lambda: llm.generate([p for p, _ in requests], params))
     return {
         "cpu_s": sum(e.self_cpu_time_total for e in events) / 1e6,
         "top_s": {e.key: e.self_cpu_time_total / 1e6 for e in events[:8]},

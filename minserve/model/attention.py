@@ -257,19 +257,20 @@ def _decode_batch(
     block_size = kv_cache.shape[2]
     block_bytes = kv_cache[:, 0].numel() * kv_cache.element_size()  # keys and values of one block
     blocks_needed = [-(-meta.context_lens[i] // block_size) for i in rows]
+
+    def attend(queries: torch.Tensor, seqs: list[int], num_blocks: int) -> torch.Tensor:
+        """``seqs``' queries over their first ``num_blocks`` blocks, gathered at once."""
+        tables = meta.block_tables[seqs, :num_blocks]  # [len(seqs), num_blocks]
+        context_lens = torch.tensor([meta.context_lens[i] for i in seqs], device=query.device)
+        return _attend_one_query(queries, kv_cache, tables, context_lens, scale, sliding_window, kv_scales)
+
     slices = _slices_by_length(blocks_needed, block_bytes)
     if len(slices) == 1:  # the usual case with few sequences: one gather, nothing to reorder
-        tables = meta.block_tables[rows, : max(blocks_needed)]
-        context_lens = torch.tensor([meta.context_lens[i] for i in rows], device=query.device)
-        return _attend_one_query(query, kv_cache, tables, context_lens, scale, sliding_window, kv_scales)
+        return attend(query, rows, max(blocks_needed))
     output = torch.empty_like(query)
-    for picked in slices:
-        seqs = [rows[j] for j in picked]
+    for picked in slices:  # sorted by length: the last one is the slice's longest
         index = torch.tensor(picked, device=query.device)
-        tables = meta.block_tables[seqs, : blocks_needed[picked[-1]]]  # [slice, its longest sequence's blocks]
-        context_lens = torch.tensor([meta.context_lens[i] for i in seqs], device=query.device)
-        output[index] = _attend_one_query(query[index], kv_cache, tables, context_lens, scale, sliding_window,
-                                          kv_scales)  # fmt: skip
+        output[index] = attend(query[index], [rows[j] for j in picked], blocks_needed[picked[-1]])
     return output
 
 
