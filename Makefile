@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 # machines' PIP_FIND_LINKS) or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; else PyPI's CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test install lint test-unit lab models bench-llamacpp clean
+.PHONY: demo test install lint test-unit lab models bench-llamacpp llama-cpp clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,9 +85,22 @@ models: install
 # with llama.cpp's own defaults.
 NO_AMX := -mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=$(NO_AMX) -DCMAKE_CXX_FLAGS=$(NO_AMX)
-bench-llamacpp: install
+bench-llamacpp: install llama-cpp
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir -e ".[bench]"
 	$(BIN)/python benchmarks/vs_llamacpp.py --json benchmarks/results/vs-llamacpp-cpu-$(shell date +%F).json
+
+# llama.cpp's own llama-server (parallel slots) and llama-bench, from the source llama-cpp-python vendors (the
+# version the binding pins), built the same way: native, AMX off, nothing downloaded at build time.
+LLAMA_VERSION := $(shell sed -n 's/.*llama-cpp-python\[server\]==\([0-9.]*\).*/\1/p' pyproject.toml)
+LLAMA_SRC := build/llama-cpp-python-src
+llama-cpp: build/llama.cpp/bin/llama-server
+build/llama.cpp/bin/llama-server: | install
+	rm -rf $(LLAMA_SRC) && mkdir -p $(LLAMA_SRC)
+	$(BIN)/pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$(LLAMA_VERSION)" -d $(LLAMA_SRC)
+	tar xzf $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_VERSION).tar.gz -C $(LLAMA_SRC)
+	cmake -S $(LLAMA_SRC)/llama_cpp_python-$(LLAMA_VERSION)/vendor/llama.cpp -B build/llama.cpp \
+		-DCMAKE_BUILD_TYPE=Release $(LLAMA_CMAKE_ARGS) -DLLAMA_CURL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+	cmake --build build/llama.cpp -j$(shell nproc) --target llama-server llama-bench
 
 clean:
 	rm -rf $(VENV) site build test-artifacts .pytest_cache

@@ -15,12 +15,18 @@ for one token and the bandwidth its decode rate implies, so a reader can see whe
 1. ``single``: one chat request (the chat template around a question), 128 output tokens, greedy, the end of
    turn ignored so every engine makes the same number: time to first token and decode tokens/s.
    ``profile`` goes with it: where minserve's single-stream decode step goes (torch's profiler, by operator).
+   ``llama-bench-q4_1`` is llama.cpp's own figure (``llama-bench -n 128``); ``llama.cpp-q4_1`` is the Python
+   binding's ``Llama``, kept as a labelled single-stream reference.
 2. ``offline``: ``benchmarks/offline.py``'s workload, 64 requests with prompt lengths uniform in 16–256
    tokens and output lengths uniform in 16–128: minserve gets them all at once, transformers in left-padded
-   batches of 16, llama.cpp one after another (``Llama`` holds one sequence; that is how its users loop).
-   ``offline-profile`` (not run by default): where minserve's time goes in it, by operator.
-3. ``serve``: ``minserve bench serve`` against ``minserve serve`` and against ``python -m llama_cpp.server``
-   at the same Poisson arrival rates: TTFT and TPOT percentiles and throughput side by side.
+   batches of 16, ``llama-server -np 8`` all at once over HTTP (8 parallel slots, continuous batching), and
+   ``Llama`` one after another (it holds one sequence). ``offline-profile`` (not run by default): where
+   minserve's time goes in it, by operator.
+3. ``serve``: ``minserve bench serve`` against ``minserve serve`` with its defaults and against
+   ``llama-server -np 8`` and ``-np 16`` (``benchmarks/serve_vs_llamaserver.py``): Poisson rates and a closed
+   loop, goodput at a chat SLO, TTFT and TPOT percentiles and throughput side by side.
+
+llama-server and llama-bench come from ``make llama-cpp`` (``benchmarks/llamacpp_peer.py``).
 
 Every side runs in a process of its own, one after another, so each has the machine to itself.
 """
@@ -43,20 +49,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llamacpp_peer import MODEL, gguf_path, llama_bench_decode
 from offline import load_transformers, peak_rss_bytes, run_minserve, run_transformers, workload
+from serve_vs_llamaserver import print_serve, run_serve
 
-MODEL = "smollm2-135m-instruct"
 QUESTION = "Explain in a few sentences why the sky is blue."
 MINSERVE_SIDES = ("minserve-fp32", "minserve-bf16", "minserve-bf16+compile", "minserve-int4+compile")
-SINGLE_SIDES = (*MINSERVE_SIDES, "transformers-fp32", "transformers-bf16", "llama.cpp-q4_1")
-OFFLINE_SIDES = SINGLE_SIDES
+# llama.cpp-q4_1 is llama-cpp-python's ``Llama``: one sequence at a time, a labelled single-stream reference.
+SINGLE_SIDES = (*MINSERVE_SIDES, "transformers-fp32", "transformers-bf16", "llama-bench-q4_1", "llama.cpp-q4_1")
+OFFLINE_SIDES = (*MINSERVE_SIDES, "transformers-fp32", "transformers-bf16", "llama-server-np8", "llama.cpp-q4_1")
 PROFILE_SIDES = ("minserve-fp32", "minserve-bf16")
-
-
-def gguf_path() -> Path:
-    from minserve.model.loader import resolve_model_path
-
-    return resolve_model_path(MODEL)
 
 
 def minserve_options(side: str) -> dict:
@@ -204,13 +206,49 @@ def run_offline(side: str, args) -> dict:
         result = run_minserve(MODEL, requests, serial=False, **minserve_options(side))
     elif side.startswith("transformers"):
         result = run_transformers(MODEL, requests, args.hf_batch, transformers_dtype(side))
+    elif side.startswith("llama-server"):
+        result = run_llama_server_offline(requests, slots=int(side.removeprefix("llama-server-np")))
     else:
         llama = load_llama()
         list(llama_tokens(llama, requests[0][0], 4))  # warm-up
         start = time.perf_counter()
         tokens = sum(sum(1 for _ in llama_tokens(llama, prompt, n)) for prompt, n in requests)
         result = {"wall_s": time.perf_counter() - start, "output_tokens": tokens}
-    return result | {"tokens_per_s": result["output_tokens"] / result["wall_s"], "peak_rss_bytes": peak_rss_bytes()}
+    # A server side reports the server's own peak memory; the others, this process's.
+    return {"peak_rss_bytes": peak_rss_bytes()} | result | {"tokens_per_s": result["output_tokens"] / result["wall_s"]}
+
+
+def run_llama_server_offline(requests: list[tuple[list[int], int]], slots: int) -> dict:
+    """Every request sent to ``llama-server -np slots`` at once, as token ids with ``ignore_eos``: the server
+    batches ``slots`` of them at a time (its continuous batching) and queues the rest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from llamacpp_peer import LlamaServer
+
+    from minserve.serve.launch import free_port
+
+    threads = torch.get_num_threads()
+    with LlamaServer(gguf_path(), free_port(), threads, slots, context_tokens=slots * 512, alias=MODEL) as server:
+
+        def complete(request: tuple[list[int], int]) -> int:
+            prompt, max_tokens = request
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                    "ignore_eos": True}  # fmt: skip
+            post = urllib.request.Request(f"{server.url}/v1/completions", data=json.dumps(body).encode(),
+                                          headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(post, timeout=600) as response:
+                return json.loads(response.read())["usage"]["completion_tokens"]
+
+        complete(requests[0])  # warm-up
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            tokens = sum(pool.map(complete, requests))
+        wall_s = time.perf_counter() - start
+        peak_rss = server.peak_rss_bytes()
+    expected = sum(n for _, n in requests)
+    if tokens != expected:  # a request cut short would read as a fast server
+        raise SystemExit(f"llama-server made {tokens} of the {expected} tokens asked for")
+    return {"wall_s": wall_s, "output_tokens": tokens, "peak_rss_bytes": peak_rss}
 
 
 def run_offline_profile(side: str, args) -> dict:
@@ -227,62 +265,6 @@ def run_offline_profile(side: str, args) -> dict:
         "cpu_s": sum(e.self_cpu_time_total for e in events) / 1e6,
         "top_s": {e.key: e.self_cpu_time_total / 1e6 for e in events[:8]},
     }
-
-
-# --- part 3: two servers under the same load --------------------------------------------------------------
-
-
-def start_llama_server(port: int, threads: int) -> subprocess.Popen:
-    """``python -m llama_cpp.server`` on the GGUF file, named as minserve names it; returns once it answers.
-
-    It serves one request at a time. By default (``interrupt_requests``) a new request cuts the running one
-    short, which ends it as if complete with a fraction of its tokens; here requests queue instead, so every
-    one gets the tokens it asked for and the two servers do the same work."""
-    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path()), "--model_alias", MODEL,
-               "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096", "--n_threads", str(threads),
-               "--n_threads_batch", str(threads), "--interrupt_requests", "False"]  # fmt: skip
-    log_path = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama_cpp.server exited with {process.returncode}; its log: {log_path}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as response:
-                if response.status == 200:
-                    return process
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise RuntimeError(f"llama_cpp.server did not answer in 120 s; its log: {log_path}")
-
-
-def bench_serve(base_url: str, args, out: Path) -> list[dict]:
-    """``minserve bench serve`` as a user runs it; the summaries it writes to ``out/summary.json``."""
-    command = [sys.executable, "-m", "minserve.cli", "bench", "serve", "--base-url", base_url, "--model", MODEL,
-               "--num-prompts", str(args.serve_prompts), "--prompt-len", str(args.serve_prompt_len),
-               "--output-len", str(args.serve_output_len), "--rates", args.serve_rates, "--tokenizer", MODEL,
-               "--ignore-eos", "--out", str(out), "--no-bundle", "--no-progress"]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True, text=True)
-    return json.loads((out / "summary.json").read_text())["runs"]
-
-
-def run_serve(args, out_root: Path) -> dict:
-    from minserve.serve.launch import ServerProcess, free_port
-
-    threads = str(args.serve_threads)
-    results = {}
-    with ServerProcess(["--threads", threads, "--max-num-seqs", "64"], model=MODEL, startup_timeout_s=300) as server:
-        results["minserve serve"] = bench_serve(server.url, args, out_root / "minserve")
-    port = free_port()
-    llama_server = start_llama_server(port, args.serve_threads)
-    try:
-        results["llama_cpp.server"] = bench_serve(f"http://127.0.0.1:{port}", args, out_root / "llama_cpp")
-    finally:
-        llama_server.terminate()
-        llama_server.wait(timeout=30)
-    return results
 
 
 # --- orchestration and tables -----------------------------------------------------------------------------
@@ -323,40 +305,30 @@ def print_single(results: dict, per_token: dict[str, float]) -> None:
     first = next(iter(results.values()))
     print(f"\n1. one chat request: {first['prompt_tokens']} prompt tokens, {first['output_tokens']} output tokens\n")
     print(f"{'side':<28}{'TTFT ms':>10}{'decode tok/s':>14}{'vs transformers':>17}{'weights MB/token':>18}{'GB/s':>7}")
-    base = results["transformers-fp32"]["decode_tokens_per_s"]
+    # Any subset of sides prints: a ratio to transformers is a dash where --single-sides left it out.
+    base = results.get("transformers-fp32", {}).get("decode_tokens_per_s")
     for side, r in results.items():
-        size = per_token.get(side.rsplit("-", 1)[1])  # a quantized side's bytes: benchmarks/quantization.py
+        storage = side.rsplit("-", 1)[-1].split("+")[0]  # a quantized side's bytes: benchmarks/quantization.py
+        size = per_token.get(storage)
         rate = r["decode_tokens_per_s"]
+        ratio = f"{rate / base:>16.2f}×" if base else f"{'—':>17}"
         bytes_cells = f"{size / 1e6:>18,.0f}{rate * size / 1e9:>7.1f}" if size else f"{'':>25}"
-        print(f"{side:<28}{r['ttft_ms']:>10,.0f}{rate:>14,.1f}{rate / base:>16.2f}×" + bytes_cells)
+        ttft = f"{r['ttft_ms']:>10,.0f}" if r["ttft_ms"] is not None else f"{'—':>10}"  # llama-bench: no prompt
+        print(f"{side:<28}{ttft}{rate:>14,.1f}{ratio}" + bytes_cells)
 
 
 def print_offline(results: dict, args) -> None:
     print(f"\n2. offline: {args.requests} requests, prompts 16–{args.max_prompt}, outputs 16–{args.max_output} "
           f"tokens ({next(iter(results.values()))['output_tokens']:,} output tokens)\n")  # fmt: skip
-    columns = ("output tok/s", 14), ("vs transformers", 17), ("vs llama.cpp", 14), ("wall s", 9), ("peak RSS MB", 13)
+    columns = ("output tok/s", 14), ("vs transformers", 17), ("vs llama-server", 17), ("wall s", 9), ("peak RSS MB", 13)
     print(f"{'side':<28}" + "".join(f"{name:>{width}}" for name, width in columns))
     # A ratio to a side that did not run (--offline-sides leaves it out) prints as a dash.
-    hf, llama = (results.get(side, {}).get("tokens_per_s") for side in ("transformers-fp32", "llama.cpp-q4_1"))
+    hf, llama = (results.get(side, {}).get("tokens_per_s") for side in ("transformers-fp32", "llama-server-np8"))
     for side, r in results.items():
         rate = r["tokens_per_s"]
         ratios = "".join(f"{rate / base:>{width - 1}.2f}×" if base else f"{'—':>{width}}"
-                         for base, width in ((hf, 17), (llama, 14)))  # fmt: skip
+                         for base, width in ((hf, 17), (llama, 17)))  # fmt: skip
         print(f"{side:<28}{rate:>14,.0f}{ratios}{r['wall_s']:>9.1f}{r['peak_rss_bytes'] / 2**20:>13,.0f}")
-
-
-def print_serve(results: dict, args) -> None:
-    print(f"\n3. serve: {args.serve_prompts} requests per rate, {args.serve_prompt_len} prompt tokens, "
-          f"{args.serve_output_len} output tokens, {args.serve_threads} engine threads\n")  # fmt: skip
-    print(f"{'server':<18}{'rate':>6}{'ok':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"
-          f"{'req/s':>7}{'out tok/s':>11}{'tok/req':>9}")  # fmt: skip
-    for server, runs in results.items():
-        for run in runs:
-            ttft, tpot = run["ttft_ms"], run["tpot_ms"]
-            print(f"{server:<18}{run['label'].removeprefix('rate='):>6}{run['ok']:>5}{ttft['p50']:>10,.0f}"
-                  f"{ttft['p99']:>10,.0f}{tpot['p50']:>10,.1f}{tpot['p99']:>10,.1f}"
-                  f"{run['request_throughput_rps']:>7.2f}{run['output_throughput_tps']:>11,.1f}"
-                  f"{run['total_output_tokens'] / max(run['ok'], 1):>9.1f}")  # fmt: skip
 
 
 def print_profile(results: dict) -> None:
@@ -378,6 +350,10 @@ def print_offline_profile(results: dict) -> None:
 # What each internal ``--part`` runs in its own process, given the parsed arguments (and ``--side``).
 PARTS: dict[str, Callable[[argparse.Namespace], dict]] = {
     "single": lambda args: run_single(args.side, args.max_tokens, args.repeats),
+    "llama-bench": lambda args: (
+        {"ttft_ms": None, "prompt_tokens": 0, "output_tokens": args.max_tokens}
+        | llama_bench_decode(gguf_path(), torch.get_num_threads(), args.max_tokens, args.repeats)
+    ),
     "profile": lambda args: run_profile(args.side, min(args.max_tokens, 32)),
     "offline": lambda args: run_offline(args.side, args),
     "offline-profile": lambda args: run_offline_profile(args.side, args),
@@ -395,11 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output", type=int, default=128, help="offline: output lengths uniform in [16, this]")
     parser.add_argument("--hf-batch", type=int, default=16, help="offline: transformers' batch size")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--serve-rates", default="0.5,1,2", help="serve: Poisson arrival rates, requests/s")
+    parser.add_argument("--serve-rates", default="0.5,1,2,4", help="serve: Poisson arrival rates, requests/s")
+    parser.add_argument("--serve-concurrency", type=int, default=32, help="serve: the closed loop's clients")
+    parser.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="serve: the chat SLO's TTFT")
+    parser.add_argument("--slo-tpot-ms", type=float, default=100.0, help="serve: the chat SLO's TPOT")
+    parser.add_argument("--llama-slots", default="8,16", help="serve: llama-server's -np, one server each")
+    parser.add_argument(
+        "--minserve-flags",
+        action="append",
+        default=[],
+        help="serve: another minserve side with these `minserve serve` flags (repeatable)",
+    )
     parser.add_argument("--serve-prompts", type=int, default=24, help="serve: requests per rate")
     parser.add_argument("--serve-prompt-len", type=int, default=128)
     parser.add_argument("--serve-output-len", type=int, default=64)
-    parser.add_argument("--serve-threads", type=int, default=os.cpu_count(), help="serve: each engine's threads")
+    parser.add_argument("--serve-threads", type=int, default=os.cpu_count(), help="serve: llama-server's threads")
     parser.add_argument("--single-sides", default=",".join(SINGLE_SIDES), help="single: the sides, comma-separated")
     parser.add_argument("--offline-sides", default=",".join(OFFLINE_SIDES), help="offline: the sides")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # internal: one side
@@ -415,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs, {platform.machine()}")  # fmt: skip
     results: dict[str, dict] = {}
     if "single" in parts:
-        results["single"] = {side: side_in_subprocess("single", side, args) for side in args.single_sides.split(",")}
+        results["single"] = {side: side_in_subprocess("llama-bench" if side.startswith("llama-bench") else "single",
+                                                      side, args) for side in args.single_sides.split(",")}  # fmt: skip
         print_single(results["single"], weight_bytes_per_token())
     if "profile" in parts:
         results["profile"] = {side: side_in_subprocess("profile", side, args) for side in PROFILE_SIDES}

@@ -161,3 +161,38 @@ def test_a_server_that_refuses_everything_is_counted_not_crashed(tmp_path):
     summary = result.summaries[0]
     assert summary["failed"] == 5 and summary["errors"] == {"http_401": 5}
     assert "server" not in summary  # /metrics needs the key too: nothing to compare against
+
+
+def test_two_bundles_compare_side_by_side(benchmark, tmp_path):
+    """``bench compare`` lines up the runs two bundles share: the same run against itself is 1.0× on every
+    number; a copy whose server made twice the tokens per second is 2× on that number and better on it."""
+    from minserve.bench.compare import comparison_rows, load_bundle, write_comparison
+
+    first, second = benchmark.save(tmp_path / "a", bundle=False), benchmark.save(tmp_path / "b", bundle=False)
+    document = json.loads((second / "summary.json").read_text())
+    for run in document["runs"]:
+        run["output_throughput_tps"] *= 2
+    (second / "summary.json").write_text(json.dumps(document))
+    bundles, page = write_comparison([first, second], tmp_path / "compare.html")
+    rows = {(row["run"], row["bundle"]): row for row in comparison_rows(bundles)}
+    doubled = rows[("rate=40", bundles[1].name)]
+    assert doubled["tok/s ×"] == pytest.approx(2.0) and doubled["TTFT p99 ×"] == pytest.approx(1.0)
+    assert doubled["better"] == "1/7"
+    html = page.read_text()
+    assert "<h2>Side by side</h2>" in html and "<h2>At concurrency=4</h2>" in html and "<script src=" not in html
+    assert load_bundle(first, name="mine").name == "mine"
+
+
+def test_bench_compare_command_line_refuses_what_it_cannot_compare(benchmark, tmp_path):
+    run = benchmark.save(tmp_path / "run", bundle=False)
+    compare = [sys.executable, "-m", "minserve.cli", "bench", "compare"]
+    page = tmp_path / "c.html"
+    ok = subprocess.run([*compare, str(run), str(run), "--out", str(page)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "rate=40" in ok.stdout and "(1.00×)" in ok.stdout and page.is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = subprocess.run([*compare, str(run), str(empty)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "has no summary.json" in refused.stderr
+    refused = subprocess.run([*compare, str(run)], capture_output=True, text=True)
+    assert refused.returncode == 2 and "at least two" in refused.stderr

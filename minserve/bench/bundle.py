@@ -73,7 +73,7 @@ def cdf_figure(groups: dict[str, list[dict[str, Any]]]) -> go.Figure:
             trace = go.Scatter(
                 x=xs, y=ys, mode="lines", line_shape="hv", name=run, legendgroup=run, showlegend=position == 0
             )
-            fig.add_trace(trace.update(line_color=_color(run_index)), row=position // 2 + 1, col=position % 2 + 1)
+            fig.add_trace(trace.update(line_color=color(run_index)), row=position // 2 + 1, col=position % 2 + 1)
             fig.update_xaxes(title_text=label, row=position // 2 + 1, col=position % 2 + 1)
     fig.update_yaxes(title_text="fraction ≤ x", range=[0, 1.02])
     fig.update_layout(template=TEMPLATE, height=640, title="Latency CDFs (ok requests)")
@@ -85,7 +85,7 @@ def distribution_figure(groups: dict[str, list[dict[str, Any]]]) -> go.Figure:
     fig = make_subplots(rows=1, cols=4, subplot_titles=[label for _, label in METRICS_MS])
     for run_index, (run, rows) in enumerate(groups.items()):
         for position, (metric, _) in enumerate(METRICS_MS):
-            box = go.Box(y=latencies_ms(rows, metric), name=run, marker_color=_color(run_index), showlegend=False)
+            box = go.Box(y=latencies_ms(rows, metric), name=run, marker_color=color(run_index), showlegend=False)
             fig.add_trace(box, row=1, col=position + 1)
     fig.update_layout(template=TEMPLATE, height=420, title="Latency distributions (ms)")
     return fig
@@ -102,7 +102,7 @@ def timeline_figure(groups: dict[str, list[dict[str, Any]]]) -> go.Figure:
                     x=[row["sent_s"] for row in chosen],
                     y=[(row["end_s"] - row["sent_s"]) * 1e3 for row in chosen],
                     mode="markers",
-                    marker={"symbol": symbol, "color": _color(run_index), "size": 6},
+                    marker={"symbol": symbol, "color": color(run_index), "size": 6},
                     name=f"{run} · {status}",
                 )
     fig.update_layout(
@@ -130,7 +130,7 @@ def sweep_figure(summaries: Sequence[dict[str, Any]]) -> go.Figure:
                 text=labels if q == "p99" else None,
                 textposition="top center",
                 line_dash=dash,
-                line_color=_color(0 if q == "p50" else 1),
+                line_color=color(0 if q == "p50" else 1),
                 name=q,
                 showlegend=col == 1,
                 row=1,
@@ -141,7 +141,7 @@ def sweep_figure(summaries: Sequence[dict[str, Any]]) -> go.Figure:
     return fig
 
 
-def _color(index: int) -> str:
+def color(index: int) -> str:
     palette = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
     return palette[index % len(palette)]
 
@@ -154,22 +154,22 @@ def build_html(document: dict[str, Any], rows: Sequence[dict[str, Any]], records
     config, summaries = document.get("config", {}), document.get("runs", [])
     groups = rows_by_run(rows)
     sections = [
-        _section("Verdict", _verdict_table(summaries)),
-        _section("Results", _summary_table(summaries) + _errors_table(summaries)),
-        _section("Latency", _figure(cdf_figure(groups)) + _figure(distribution_figure(groups))),
+        section("Verdict", _verdict_table(summaries)),
+        section("Results", _summary_table(summaries) + _errors_table(summaries)),
+        section("Latency", figure_html(cdf_figure(groups)) + figure_html(distribution_figure(groups))),
     ]
     if len(summaries) > 1:
-        sections.append(_section("Sweep", _figure(sweep_figure(summaries))))
+        sections.append(section("Sweep", figure_html(sweep_figure(summaries))))
     sections += [
-        _section("Over time", _figure(timeline_figure(groups))),
-        _section("The client's own overhead", _client_table(summaries)),
-        _section("The server's own count", _server_table(summaries)),
-        _section("Configuration", _key_value_table(_flat_config(config))),
-        _section("Environment", _key_value_table(document.get("environment", {}))),
-        _section("Raw data", _raw_data(records_href, len(rows), document)),
+        section("Over time", figure_html(timeline_figure(groups))),
+        section("The client's own overhead", _client_table(summaries)),
+        section("The server's own count", _server_table(summaries)),
+        section("Configuration", _key_value_table(_flat_config(config))),
+        section("Environment", _key_value_table(document.get("environment", {}))),
+        section("Raw data", _raw_data(records_href, len(rows), document)),
     ]
     title = f"minserve bench · {html.escape(str(config.get('options', {}).get('base_url', '')))}"
-    return _PAGE.format(title=title, plotly_js=get_plotlyjs(), body="\n".join(sections))
+    return PAGE.format(title=title, plotly_js=get_plotlyjs(), body="\n".join(sections))
 
 
 def write_bundle(out_dir: Path) -> Path:
@@ -182,15 +182,15 @@ def write_bundle(out_dir: Path) -> Path:
     return path
 
 
-def _figure(fig: go.Figure) -> str:
+def figure_html(fig: go.Figure) -> str:
     return fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, config={"displaylogo": False})
 
 
-def _section(title: str, content: str) -> str:
+def section(title: str, content: str) -> str:
     return f"<section><h2>{html.escape(title)}</h2>\n{content}\n</section>"
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
+def html_table(header: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
@@ -215,18 +215,18 @@ def _verdict_table(summaries: Sequence[dict[str, Any]]) -> str:
         f"<p>Contract: {html.escape(contract)}. Attainment counts the requests the client did not cancel on "
         "purpose; goodput counts every request.</p>"
     )
-    return note + _table(header, rows)
+    return note + html_table(header, rows)
 
 
 def _summary_table(summaries: Sequence[dict[str, Any]]) -> str:
     header = [h for h, _ in TABLE_COLUMNS]
     rows = [[cell_text(lookup(s, key)) for _, key in TABLE_COLUMNS] for s in summaries]
-    return "<p>Latencies in ms, throughput per second.</p>" + _table(header, rows, "numbers")
+    return "<p>Latencies in ms, throughput per second.</p>" + html_table(header, rows, "numbers")
 
 
 def _errors_table(summaries: Sequence[dict[str, Any]]) -> str:
     rows = [[html.escape(s["label"]), html.escape(k), n] for s in summaries for k, n in s.get("errors", {}).items()]
-    return "<h3>Errors by kind</h3>" + (_table(["run", "kind", "count"], rows) if rows else "<p>None.</p>")
+    return "<h3>Errors by kind</h3>" + (html_table(["run", "kind", "count"], rows) if rows else "<p>None.</p>")
 
 
 def _client_table(summaries: Sequence[dict[str, Any]]) -> str:
@@ -239,7 +239,7 @@ def _client_table(summaries: Sequence[dict[str, Any]]) -> str:
         "<p>Lag is how late each request left against its timetable; CPU is the load tester's own process "
         "time. A lag of more than a few ms, or CPU near 1.0, means the client, not the server, limited the run.</p>"
     )
-    return note + _table(["run", "send lag p50 ms", "send lag p99 ms", "client CPU s", "CPU / wall"], rows)
+    return note + html_table(["run", "send lag p50 ms", "send lag p99 ms", "client CPU s", "CPU / wall"], rows)
 
 
 def _server_table(summaries: Sequence[dict[str, Any]]) -> str:
@@ -251,7 +251,7 @@ def _server_table(summaries: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return "<p>The server exposes no Prometheus <code>/metrics</code> that could be read.</p>"
     note = "<p>What the server counted during each run (counters as differences, gauges as read after it).</p>"
-    return note + _table(["run", "metric", "value"], rows, "numbers")
+    return note + html_table(["run", "metric", "value"], rows, "numbers")
 
 
 def _flat_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -263,7 +263,7 @@ def _key_value_table(mapping: dict[str, Any]) -> str:
     rows = [
         [html.escape(str(k)), html.escape(json.dumps(v) if not isinstance(v, str) else v)] for k, v in mapping.items()
     ]
-    return _table(["key", "value"], rows)
+    return html_table(["key", "value"], rows)
 
 
 def _raw_data(records_href: str, num_rows: int, document: dict[str, Any]) -> str:
@@ -276,7 +276,7 @@ def _raw_data(records_href: str, num_rows: int, document: dict[str, Any]) -> str
     )
 
 
-_PAGE = """<!doctype html>
+PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <script>{plotly_js}</script>
 <style>

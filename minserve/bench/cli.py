@@ -35,6 +35,10 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     report = kinds.add_parser("report", help="rebuild report.html from a run", description=_cmd_bench_report.__doc__)
     report.add_argument("dir", type=Path, help="a directory a `minserve bench serve` run wrote")
     report.set_defaults(run=_cmd_bench_report)
+    compare = kinds.add_parser("compare", help="two or more runs side by side", description=_cmd_bench_compare.__doc__)
+    compare.add_argument("dirs", type=Path, nargs="+", metavar="DIR", help="directories `minserve bench serve` wrote")
+    compare.add_argument("--out", type=Path, default=Path("compare.html"), help="the comparison page to write")
+    compare.set_defaults(run=_cmd_bench_compare)
 
 
 def _add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +224,22 @@ def _cmd_bench_report(args: argparse.Namespace) -> int:
     from minserve.bench.bundle import write_bundle
 
     print(write_bundle(args.dir))
+    return 0
+
+
+def _cmd_bench_compare(args: argparse.Namespace) -> int:
+    """Two or more runs side by side (say, two servers under the same workload): for every run label they
+    share, throughput, goodput and tail latencies with each one's ratio to the first DIR, and a page with
+    the sweeps overlaid and the latency CDFs of each shared run."""
+    from minserve.bench.compare import format_comparison, write_comparison
+
+    try:
+        bundles, out = write_comparison(args.dirs, args.out)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"minserve bench compare: {error}", file=sys.stderr)
+        return 2
+    print(format_comparison(bundles))
+    print(f"\ncomparison in {out}")
     return 0
 
 
