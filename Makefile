@@ -69,8 +69,13 @@ docs-serve: install
 	timeout 1200 $(BIN)/python scripts/build_site.py --cell-timeout $(CELL_TIMEOUT) --execute-only
 	$(BIN)/mkdocs serve
 
+# JupyterLab on the chapters. As root (a container, a course VM) JupyterLab refuses to start without
+# --allow-root, so it is passed and said; LAB_ARGS passes anything else through (LAB_ARGS="--port 9999").
+LAB_ARGS ?=
 lab: install
-	$(BIN)/jupyter lab chapters/
+	@if [ "$$(id -u)" = 0 ]; then echo "running as root: passing --allow-root to JupyterLab"; fi
+	@echo "JupyterLab will print its URL (with its token) below; open it in a browser."
+	$(BIN)/jupyter lab chapters/ $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS)
 
 # Retrain both embedded models from scratch on this machine's Python standard library (~40 min on 2 cores).
 models: install
