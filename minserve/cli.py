@@ -322,7 +322,8 @@ ROUTE_FIELDS = ("host", "port", "policy", "prefix_chars", "max_imbalance", "heal
                 "unhealthy_after", "max_retries", "request_timeout_s", "retry_after_s", "max_body_bytes")  # fmt: skip
 ROUTE_REPLICA_FIELDS = tuple(name for name in SERVE_ENGINE_FIELDS if name != "model")
 SERVE_SERVER_FIELDS = ("host", "port", "api_key", "max_waiting_requests", "request_timeout_s",
-                       "default_max_tokens", "trace_out")  # fmt: skip
+                       "default_max_tokens", "trace_out", "shutdown_drain_s", "max_connections",
+                       "connection_idle_timeout_s", "stall_timeout_s")  # fmt: skip
 # Chapter 09: who is refused at once (429), and what changes under heavy load.
 SERVE_OVERLOAD_FIELDS = ("admission", "max_queued_prompt_tokens", "ttft_slo_ms", "admission_headroom", "retry_after_s",
                          "degrade_enter_requests", "degrade_exit_requests", "degraded_max_tokens",

@@ -7,6 +7,7 @@ here and shows up in every command that takes its group.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
@@ -285,6 +286,9 @@ def _positive(config: object, name: str, value: object, minimum: int = 1, option
         raise ValueError(f"{type(config).__name__}.{name} must be an integer ≥ {minimum}, got {value!r}")
 
 
+MAX_PORT = 65535
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP server's limits. Times in seconds, sizes in bytes.
@@ -304,7 +308,11 @@ class ServerConfig:
     ``max_tokens`` gets ``default_max_tokens`` (or what is left of the context, if less); a completion
     request gets 16, as OpenAI's API does. A request body over ``max_body_bytes`` is refused (413) while it
     is being read, whatever its framing. On shutdown, running requests get up to ``shutdown_drain_s`` to
-    finish. ``api_key``, when set, is required on every route but /health.
+    finish; past that they are ended (503) and the server exits. ``api_key``, when set, is required on every
+    route but /health. The server holds at most ``max_connections`` connections (at the limit a new one
+    takes the place of the longest-idle one) and closes one that sends no complete request for
+    ``connection_idle_timeout_s`` (:mod:`minserve.serve.connections`). An engine core silent for longer than
+    ``stall_timeout_s`` (or ten of its slowest recent steps) is reported stalled (:mod:`minserve.serve.watchdog`).
     ``trace_out``: a file to write the engine's trace to (Chrome/Perfetto JSON) when the server stops.
     """
 
@@ -331,11 +339,21 @@ class ServerConfig:
     degraded_max_model_len: int | None = option(None, "degraded: a shorter context, tokens (longer prompts: 429)")
     degraded_no_speculation: bool = option(False, "degraded: speculative decoding off")
     max_body_bytes: int = option(4 * 2**20, "largest request body, bytes (413 past it)")
-    shutdown_drain_s: float = option(30.0, "on shutdown, how long running requests may finish")
+    shutdown_drain_s: float = option(30.0, "on SIGTERM, how long running requests may finish before they are ended")
+    max_connections: int = option(1024, "most open connections; past it the longest-idle one is closed")
+    connection_idle_timeout_s: float = option(10.0, "close a connection that sends no complete request for this long")
+    stall_timeout_s: float = option(30.0, "an engine core silent this long (at least) is reported stalled (503)")
     trace_out: str | None = option(None, "on exit, write the engine's trace here (Perfetto JSON)")
 
     def __post_init__(self) -> None:
         _positive(self, "port", self.port, minimum=0)
+        if self.port > MAX_PORT:
+            raise ValueError(f"ServerConfig.port must be at most {MAX_PORT} (0: any free port), got {self.port}")
+        _positive(self, "max_connections", self.max_connections)
+        for name in ("shutdown_drain_s", "connection_idle_timeout_s", "stall_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"ServerConfig.{name} must be a positive number of seconds, got {value!r}")
         _positive(self, "max_waiting_requests", self.max_waiting_requests, minimum=0)
         _positive(self, "max_body_bytes", self.max_body_bytes)
         _positive(self, "default_max_tokens", self.default_max_tokens)

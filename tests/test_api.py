@@ -95,7 +95,11 @@ def test_bad_prompts_raise_before_anything_runs(llm):
 
 def test_generation_stops_at_the_context_limit(llm):
     small = LLM(max_model_len=12)
-    out = small.generate([[5] * 8], SamplingParams(max_tokens=50, ignore_eos=True))[0]
+    with pytest.raises(ValueError, match="max_tokens can be at most 4"):  # the server's rule (issue 37)
+        small.generate([[5] * 8], SamplingParams(max_tokens=50, ignore_eos=True))
+    # The engine core itself still stops a request at the context's end rather than overrun it.
+    request_id = small.engine.add_request([5] * 8, SamplingParams(max_tokens=50, ignore_eos=True))
+    out = next(o for _ in range(20) for o in small.engine.step() if o.request_id == request_id and o.finished)
     assert len(out.prompt_token_ids) + len(out.token_ids) == 12
     assert out.finish_reason == "length"
 

@@ -22,6 +22,11 @@ If the core process dies (a crash, the OOM killer, a bug in a step), the reader 
 request in flight with ``finish_reason="error"``, and starts a new core: the front end keeps serving. While
 the new core loads, :attr:`AsyncLLMEngine.health` says ``"restarting"`` and new requests are refused.
 
+A request's deadline is kept here too, not only in the core: a core that stops (a hung kernel, SIGSTOP)
+cannot stop anything, so a request past its deadline plus ``DEADLINE_GRACE_S`` ends here with
+``finish_reason="deadline"`` whatever the core does. The core answers pings between steps (``last_heard_s``,
+``longest_step_s``), from which the server's watchdog (:mod:`minserve.serve.watchdog`) tells a stopped core.
+
 Times cross processes unchanged: ``time.perf_counter`` reads the system's monotonic clock, the same in both.
 """
 
@@ -51,6 +56,9 @@ STARTUP_TIMEOUT_S = 600.0  # loading a large checkpoint from disk can take minut
 SHUTDOWN_TIMEOUT_S = 10.0
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each consecutive restart of a core that keeps dying
 STABLE_UPTIME_S = 60.0  # a core that ran this long before dying starts the backoff afresh
+# The front end's own deadline comes this long after the core's: a live core stops the request itself (its
+# metrics are the exact ones); this one is for a core that cannot.
+DEADLINE_GRACE_S = 0.25
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,7 @@ class _RequestState:
     text: str = ""
     logprobs: list[float] | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    deadline_at_s: float | None = None  # perf_counter time past which the front end ends it itself
     listening: bool = True  # False once the caller left: outputs are still counted, no longer delivered
     finished: bool = False  # its final output came: it holds nothing in the core, though not yet consumed
 
@@ -122,10 +131,11 @@ class _RequestState:
             error=delta.error,
         )
 
-    def failed(self, request_id: str, message: str) -> RequestOutput:
-        """The final output of a request whose engine core died under it."""
+    def failed(self, request_id: str, message: str, reason: str = "error") -> RequestOutput:
+        """The final output of a request whose engine core died under it (or, ``reason="deadline"``, that
+        the front end stopped at its deadline)."""
         metrics = RequestMetrics(self.arrival_time_s, finish_time_s=time.perf_counter())
-        delta = OutputDelta(request_id, [], "", "error", None, 0, None, metrics, error=message)
+        delta = OutputDelta(request_id, [], "", reason, None, 0, None, metrics, error=message)
         return self.apply(delta)
 
 
@@ -147,6 +157,9 @@ class AsyncLLMEngine:
         self._send_lock = threading.Lock()
         self._stopping = False
         self._speculation_enabled = True  # what the core is told; a restarted core is told again
+        self.last_heard_s = time.monotonic()  # when the core last sent anything (a step, a pong)
+        self.longest_step_s = 0.0  # the longest of its recent steps, as its last pong said
+        self._ping_outstanding = False  # one ping at a time: a stopped core must not fill the pipe
         self._start_core()
         self.tokenizer = Tokenizer(Path(self.info.model_dir))
         self.inputs = InputProcessor(
@@ -174,7 +187,8 @@ class AsyncLLMEngine:
         self.info = self._wait_until_ready()
         self._stats = self.info.stats
         self._rates = PRIOR  # a new core has measured nothing yet
-        self._started_at_s = time.monotonic()
+        self._started_at_s = self.last_heard_s = time.monotonic()
+        self._ping_outstanding = False
         self._state = "ok"
 
     def _wait_until_ready(self) -> EngineInfo:
@@ -216,12 +230,14 @@ class AsyncLLMEngine:
             raise EngineDeadError(self._why_not_serving())
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         ids = prompt_token_ids if prompt_token_ids is not None else self.inputs.encode(prompt)
-        self.inputs.check_fits(ids, params, strict=True)  # a server's rule: no silent cut at the context's end
+        self.inputs.check_fits(ids, params)
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         state = _RequestState(
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
+        if deadline_s is not None:
+            state.deadline_at_s = arrival_s + deadline_s + DEADLINE_GRACE_S
         self._requests[request_id] = state
         try:
             self._send(("add", AddRequest(request_id, prompt, params, ids, arrival_s, priority, deadline_s)))
@@ -234,7 +250,7 @@ class AsyncLLMEngine:
         finished = False
         try:
             while not finished:
-                item = await state.collector.get()
+                item = await self._next(request_id, state)
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
@@ -245,6 +261,34 @@ class AsyncLLMEngine:
             else:  # the caller left (client disconnected, timeout): free the blocks; the final output is
                 state.listening = False  # still counted when the core reports it
                 self.abort(request_id)
+
+    async def _next(self, request_id: str, state: _RequestState) -> RequestOutput | BaseException:
+        """The request's next output, or past its deadline its final one, made here: counted, and the
+        request aborted in the core (a stopped core frees it when it resumes)."""
+        if state.deadline_at_s is None:
+            return await state.collector.get()
+        try:
+            return await asyncio.wait_for(state.collector.get(), max(0.0, state.deadline_at_s - time.perf_counter()))
+        except TimeoutError:
+            output = state.failed(request_id, "the request ran past its deadline", reason="deadline")
+            self.abort(request_id)
+            return self._finished_or_not(request_id, state, output)
+
+    def ping(self) -> None:
+        """Ask the core for a sign of life (its pong updates ``last_heard_s``); none while one is unanswered."""
+        if self._ping_outstanding or self._state != "ok":
+            return
+        self._ping_outstanding = True
+        with contextlib.suppress(EngineDeadError):
+            self._send(("ping",))
+
+    def fail_all(self, message: str) -> None:
+        """End every request in flight now with ``finish_reason="error"`` and ``message`` (a server whose
+        drain time is up), and abort each in the core."""
+        requests = [r for r, state in list(self._requests.items()) if state.listening and not state.finished]
+        self._fail_in_flight(message)
+        for request_id in requests:
+            self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; the core frees its blocks at its next step."""
@@ -313,14 +357,15 @@ class AsyncLLMEngine:
             raise TimeoutError(f"the engine core sent no trace within {timeout_s:g} s")
         return self._trace_reply or []
 
-    def shutdown(self, trace_out: str | None = None) -> None:
-        """Stop the core after its current step (writing its trace to ``trace_out`` first, if given)."""
+    def shutdown(self, trace_out: str | None = None, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Stop the core after its current step (writing its trace to ``trace_out`` first, if given); kill it
+        if it has not ended within ``timeout_s`` (a stopped core never will)."""
         if self._stopping:
             return
         self._stopping = True
         with contextlib.suppress(EngineDeadError):
             self._send(("shutdown", trace_out))
-        self._process.join(SHUTDOWN_TIMEOUT_S)
+        self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
@@ -377,7 +422,10 @@ class AsyncLLMEngine:
         try:
             while True:
                 kind, *payload = self._conn.recv()
-                if kind == "step":
+                self.last_heard_s = time.monotonic()
+                if kind == "pong":
+                    self.longest_step_s, self._ping_outstanding = payload[0], False
+                elif kind == "step":
                     self._take_step(*payload)
                 elif kind == "rejected":
                     request_id, message = payload
@@ -415,9 +463,9 @@ class AsyncLLMEngine:
                 del self._requests[request_id]
         return output
 
-    def _fail_in_flight(self) -> None:
+    def _fail_in_flight(self, message: str = "the engine core failed while serving this request; it is restarting, "
+                        "retry shortly") -> None:  # fmt: skip
         """End every request in flight with ``finish_reason="error"``: the core that held them is gone."""
-        message = "the engine core failed while serving this request; it is restarting, retry shortly"
         items = [
             (request_id, self._finished_or_not(request_id, state, state.failed(request_id, message)))
             for request_id, state in list(self._requests.items())

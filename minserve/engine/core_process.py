@@ -11,6 +11,8 @@ The protocol is a few tuples over a ``multiprocessing`` pipe. To the core:
 * ``("abort", request_id)``
 * ``("speculation", enabled)`` – turn speculative decoding off (a server's degraded mode) or back on
 * ``("trace",)`` – send back every trace event recorded so far
+* ``("ping",)`` – answer ``("pong", longest_step_s)`` between two steps: the front end's watchdog
+  (:mod:`minserve.serve.watchdog`) hears from a core that makes progress, idle or busy
 * ``("shutdown", trace_path_or_None)``
 
 From the core:
@@ -20,6 +22,8 @@ From the core:
   rates measured over the recent steps, :mod:`~minserve.engine.service_rates`, for admission control);
 * ``("rejected", request_id, message)`` when ``add_request`` refused a request;
 * ``("trace", [TraceEvent, ...])``;
+* ``("pong", longest_step_s)``: the longest of the recent steps, seconds, from which the watchdog bounds how
+  long a live core may stay silent;
 * ``("dead", message)`` when a step raised: the core cannot vouch for its state any more and ends (the
   front end logs the message, a traceback, and starts a new core).
 
@@ -34,8 +38,10 @@ It ends when told (``shutdown``), or when the front end's end of the pipe closes
 from __future__ import annotations
 
 import logging
+import time
 import traceback
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from minserve.config import EngineConfig
@@ -55,6 +61,7 @@ class EngineInfo:
     max_model_len: int
     kv_capacity_tokens: int
     stats: EngineStats
+    facts: dict = field(default_factory=dict)  # what the startup line and /info tell: dtype, KV cache, batch
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,12 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
         return
     capacity = engine.block_manager.num_blocks * engine.block_manager.block_size
     info = EngineInfo(
-        str(engine.model_dir), engine.model_config.vocab_size, engine.max_model_len, capacity, engine.stats()
+        str(engine.model_dir),
+        engine.model_config.vocab_size,
+        engine.max_model_len,
+        capacity,
+        engine.stats(),
+        engine_facts(engine),
     )
     conn.send(("ready", info))
     meter = ServiceRateMeter()
@@ -113,16 +125,41 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
         engine.shutdown()  # a tensor-parallel engine's ranks stop with it
 
 
+def engine_facts(engine: LLMEngine) -> dict:
+    """What a user wants to read once the server is up: the model's numbers, its cache, its batch."""
+    config, blocks = engine.config, engine.block_manager
+    weights = config.quant_scheme or ("gguf" if str(engine.model_dir).endswith(".gguf") else "safetensors")
+    return {
+        "model_dir": str(engine.model_dir),
+        "device": str(engine.device),
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "weights": weights,
+        "max_model_len": engine.max_model_len,
+        "kv_cache_blocks": blocks.num_blocks,
+        "kv_block_size_tokens": blocks.block_size,
+        "kv_cache_tokens": blocks.num_blocks * blocks.block_size,
+        "kv_cache_bytes": getattr(engine.runner, "kv_cache_bytes", None),  # a parallel runner may not say
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
+    }
+
+
+RECENT_STEPS = 256  # the watchdog's bound follows the longest of this many recent steps
+
+
 def _serve(engine: LLMEngine, conn: Connection, meter: ServiceRateMeter) -> None:
     sent_tokens: dict[str, int] = {}  # per request, how many token ids the front end already has
+    step_s: deque[float] = deque([0.0], maxlen=RECENT_STEPS)
     while True:
         if not engine.has_unfinished_requests():
             conn.poll(None)  # idle: sleep until the front end sends something
         while conn.poll(0):
-            if not _handle(engine, conn, conn.recv()):
+            if not _handle(engine, conn, conn.recv(), max(step_s)):
                 return
         try:
+            start_s = time.perf_counter()
             outputs = engine.step()
+            step_s.append(time.perf_counter() - start_s)
         except Exception as error:
             conn.send(("dead", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
             return
@@ -131,10 +168,12 @@ def _serve(engine: LLMEngine, conn: Connection, meter: ServiceRateMeter) -> None
             conn.send(("step", deltas, engine.stats(), meter.rates))
 
 
-def _handle(engine: LLMEngine, conn: Connection, message: tuple) -> bool:
+def _handle(engine: LLMEngine, conn: Connection, message: tuple, longest_step_s: float) -> bool:
     """Carry out one command; ``False`` means stop."""
     kind = message[0]
-    if kind == "add":
+    if kind == "ping":
+        conn.send(("pong", longest_step_s))
+    elif kind == "add":
         r: AddRequest = message[1]
         try:
             engine.add_request(

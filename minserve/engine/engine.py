@@ -24,7 +24,7 @@ from minserve.engine.model_setup import build_model, kv_scales
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.preemption import make_preemption
 from minserve.engine.sampler import make_generator
-from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.sampling_params import SamplingParams, check_request_options
 from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
@@ -132,8 +132,7 @@ class LLMEngine:
         trace. ``priority``: lower runs first under the priority policy. ``deadline_s``: seconds after arrival
         past which the request is stopped wherever it is (``finish_reason="deadline"``), its blocks freed.
         """
-        if deadline_s is not None and not deadline_s > 0:
-            raise ValueError(f"deadline_s must be a positive number of seconds, got {deadline_s!r}")
+        check_request_options(priority, deadline_s)
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
         params = params or SamplingParams()
         if prompt_token_ids is None:

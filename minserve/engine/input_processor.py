@@ -32,19 +32,16 @@ class InputProcessor:
         longest = max((len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size)), default=0)
         self.max_prompt_chars = max_model_len * max(longest, MIN_CHARS_PER_TOKEN) * SLACK
 
-    def encode(self, prompt: Prompt, index: int | None = None) -> list[int]:
-        """Token ids of a prompt, checked. ``index`` only makes the error message point at the prompt."""
+    def encode(self, prompt: Prompt, index: int | None = None, parse_special: bool = True) -> list[int]:
+        """Token ids of a prompt, checked. ``index`` only makes the error message point at the prompt.
+
+        ``parse_special=False`` for text a client sent: control-token text in it stays text (a client who
+        means control tokens sends token ids). Offline, a prompt is the programmer's own, often a rendered
+        chat template, and its control tokens are parsed."""
         where = "prompt" if index is None else f"prompt {index}"
         if isinstance(prompt, str):
-            problem = unicode_problem(prompt)
-            if problem:
-                raise ValueError(f"{where}: {problem}; send valid Unicode text")
-            if len(prompt) > self.max_prompt_chars:
-                raise ValueError(
-                    f"{where}: {len(prompt)} characters cannot fit the context of {self.max_model_len} tokens "
-                    f"(refused without tokenizing); shorten the prompt"
-                )
-            ids = self.tokenizer.encode(prompt)
+            self._check_text(prompt, where)
+            ids = self.tokenizer.encode(prompt, parse_special=parse_special)
         else:
             ids = list(prompt)
             if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
@@ -53,16 +50,33 @@ class InputProcessor:
             raise ValueError(f"{where}: the prompt is empty")
         return ids
 
-    def check_fits(self, prompt_token_ids: list[int], params: SamplingParams, strict: bool = False) -> None:
-        """Refuse a request that could never run: too long for the context, or for the whole KV cache.
+    def encode_chat(self, messages: list[dict]) -> tuple[str, list[int]]:
+        """A chat's prompt text and token ids, checked: the template's markers are control tokens, what the
+        messages say is plain text (:meth:`~minserve.model.tokenizer.Tokenizer.encode_chat`)."""
+        for i, message in enumerate(messages):
+            self._check_text(str(message.get("content") or ""), f"messages.{i}.content")
+        text, ids = self.tokenizer.encode_chat(messages)
+        self._check_text(text, "messages")
+        return text, ids
 
-        ``strict`` also refuses a prompt plus ``max_tokens`` beyond the context, as vLLM's server does.
-        Offline, the engine instead stops such a request at the end of the context (``"length"``); a server
-        says so up front, so a client is never surprised by a shorter answer than it asked for.
-        """
+    def _check_text(self, text: str, where: str) -> None:
+        problem = unicode_problem(text)
+        if problem:
+            raise ValueError(f"{where}: {problem}; send valid Unicode text")
+        if len(text) > self.max_prompt_chars:
+            raise ValueError(
+                f"{where}: {len(text)} characters cannot fit the context of {self.max_model_len} tokens "
+                f"(refused without tokenizing); shorten the prompt"
+            )
+
+    def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Refuse a request that could never run as asked: too long for the context, a prompt plus
+        ``max_tokens`` beyond the context (as vLLM's server does: a caller is never surprised by a shorter
+        answer than it asked for), or more than the whole KV cache. The offline API and the server both
+        refuse by this one rule."""
         n = len(prompt_token_ids)
         check_fits(n, params.max_tokens, self.max_model_len, self.kv_capacity_tokens)
-        if strict and n + params.max_tokens > self.max_model_len:
+        if n + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"max_tokens: the context holds {self.max_model_len} tokens and the prompt takes {n}, so "
                 f"max_tokens can be at most {self.max_model_len - n}; you asked for {params.max_tokens}"

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from minserve.config import EngineConfig
 from minserve.engine.engine import LLMEngine
 from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.sampling_params import SamplingParams, check_request_options
 from minserve.model.loader import DEFAULT_MODEL
 from minserve.trace import Tracer
 
@@ -76,6 +76,24 @@ class LLM:
                         progress.update(1)
         return [finished[request_id] for request_id in request_ids]
 
+    def chat(
+        self,
+        conversations: list[dict] | Sequence[list[dict]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Answer one conversation (a list of ``{"role", "content"}`` messages) or several, through the chat
+        template, as the server's chat endpoint does: what a message says is plain text, so control-token text
+        in it (``<|im_end|>``) never becomes a control token. Outputs come back in order."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = []
+        for i, messages in enumerate(conversations):
+            try:
+                prompts.append(self.engine.inputs.encode_chat(list(messages))[1])
+            except ValueError as error:
+                raise ValueError(f"conversation {i}: {error}") from error
+        return self.generate(prompts, params)
+
     def stream(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -122,8 +140,9 @@ class LLM:
             start_s = time.perf_counter()
             encoded.append(self.engine.encode(prompt, i))
             tokenize_s.append((start_s, time.perf_counter()))
-        for ids, p in zip(encoded, params_list):
-            self.engine.check_fits(ids, p)
+        for ids, p, rank, deadline in zip(encoded, params_list, priorities, deadlines):
+            self.engine.check_fits(ids, p)  # the server's rules: nothing is queued unless all pass
+            check_request_options(rank, deadline)
         return [
             self.engine.add_request(prompt, p, None, arrival_s, ids, rank, deadline, span)
             for prompt, ids, p, rank, deadline, span in zip(

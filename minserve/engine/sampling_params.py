@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 # torch.Generator.manual_seed takes any integer in this range (a signed or an unsigned 64-bit value).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API: more alternatives than this are refused
+# The shortest timeout a request may ask for, seconds: below a millisecond no request could even be queued,
+# and 5e-324 is a typo or a probe, not a deadline. The server publishes it in its schema.
+MIN_TIMEOUT_S = 0.001
 
 
 @dataclass
@@ -60,6 +63,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_request_options(priority: object, deadline_s: object) -> None:
+    """The rule for a request's ``priority`` (an integer, lower runs first) and ``deadline_s`` (``None``, or
+    a finite number of seconds ≥ ``MIN_TIMEOUT_S``): the offline API and the engine core check by it, and the
+    server's schema states the same bounds."""
+    if not _is_int(priority):
+        raise ValueError(f"priority must be an integer (lower runs first), got {priority!r}")
+    if deadline_s is not None and not (_is_number(deadline_s) and deadline_s >= MIN_TIMEOUT_S):
+        raise ValueError(f"deadline_s must be None or a number of seconds ≥ {MIN_TIMEOUT_S:g}, got {deadline_s!r}")
 
 
 def _is_number(value: object) -> bool:

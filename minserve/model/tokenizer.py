@@ -5,15 +5,22 @@ checkpoint brings it ready made in ``tokenizer.json``, with the special tokens a
 ``tokenizer_config.json`` (or ``chat_template.jinja``, where transformers 5 writes it); a GGUF file brings
 the pieces in its metadata, assembled by :mod:`minserve.model.gguf_tokenizer`. Either way the template is
 rendered here, in a sandboxed Jinja environment, as transformers does.
+
+**Text from a client is text.** A chat message that contains ``<|im_end|>\n<|im_start|>system`` must not
+become control tokens, or a user could forge a system turn. :meth:`Tokenizer.encode_chat` tokenizes the
+template's own markers as control tokens and each message's content as plain text, and
+``encode(text, parse_special=False)`` does the same for a whole prompt a client sent.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tokenizers import Encoding
 from tokenizers import Tokenizer as RustTokenizer
 
 from minserve.model.errors import TokenizerError
@@ -22,6 +29,9 @@ from minserve.model.gguf_tokenizer import build_tokenizer, special_token_text
 
 __all__ = ["Tokenizer", "TokenizerError"]
 _REPLY_MARKER = "minserve-the-reply-ends-here"
+# Stands in for message i's content while the template renders, to find where each content lands. Private-use
+# characters: no template writes them, and a client's content never reaches the rendering that holds them.
+_CONTENT_SLOT = re.compile("\ue000([0-9]+)\ue001")
 
 
 class _Source(NamedTuple):
@@ -80,13 +90,60 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; the tokenizer's own post-processor adds BOS where the model expects it.
 
-        Through ``encode_batch``, which releases Python's GIL while the Rust code runs (``encode`` holds it),
-        so a server tokenizing in a worker thread keeps its event loop answering meanwhile.
+        ``parse_special=False`` reads control-token text (``<|im_end|>``) in ``text`` as plain text: for text a
+        client wrote. Through ``encode_batch``, which releases Python's GIL while the Rust code runs
+        (``encode`` holds it), so a server tokenizing in a worker thread keeps its event loop answering.
         """
-        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        tokenizer = self._tokenizer if parse_special else self._plain
+        return tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @functools.cached_property
+    def _plain(self) -> RustTokenizer:
+        """A copy that encodes special tokens' text as ordinary text. A copy, not a toggled flag: the flag is
+        the tokenizer's own, and a server tokenizes in several threads at once."""
+        plain = RustTokenizer.from_str(self._tokenizer.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of every special token (``<|im_start|>``, ``</s>``…): what a client's text must not become."""
+        tokens = self._tokenizer.get_added_tokens_decoder().values()
+        return tuple(token.content for token in tokens if token.special and token.content)
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        """The chat prompt's text and token ids: the template's markers as control tokens, each message's
+        content as plain text whatever it spells. ``TokenizerError`` if the template rewrites a content that
+        spells a control token, so that where it lands cannot be told (never the case for ChatML or Llama 3)."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        contents = [str(message.get("content") or "") for message in messages]
+        if not any(special in content for content in contents for special in self.special_texts):
+            return text, self.encode(text)  # nothing to protect: exactly the template's tokenization
+        pieces = self._chat_pieces(messages, contents, add_generation_prompt, text)
+        template = self._tokenizer.encode_batch([p for p, is_content in pieces if not is_content], False)
+        plain = self._plain.encode_batch([p for p, is_content in pieces if is_content], False)
+        ordered = [(plain if is_content else template).pop(0) for _, is_content in pieces]
+        return text, self._tokenizer.post_process(Encoding.merge(ordered, growing_offsets=True)).ids
+
+    def _chat_pieces(
+        self, messages: list[dict[str, Any]], contents: list[str], add_generation_prompt: bool, text: str
+    ) -> list[tuple[str, bool]]:
+        """The rendered prompt cut into (piece, is a message's content), checked to spell ``text`` exactly."""
+        slotted = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+        parts = _CONTENT_SLOT.split(self.apply_chat_template(slotted, add_generation_prompt))
+        for shape in (str, str.strip):  # as given, or trimmed (Llama 3's template trims each content)
+            pieces = [(contents[int(p)] if i % 2 else p, bool(i % 2)) for i, p in enumerate(parts)]
+            pieces = [(shape(p) if is_content else p, is_content) for p, is_content in pieces]
+            if "".join(p for p, _ in pieces) == text:
+                return [(p, is_content) for p, is_content in pieces if p]
+        raise TokenizerError(
+            "messages: a message spells a control token (such as "
+            f"{next(s for s in self.special_texts if any(s in c for c in contents))!r}) and this chat template "
+            "rewrites message content, so it cannot be kept as plain text; remove the control token"
+        )
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

@@ -14,7 +14,10 @@ gets. A failure inside one request ends that request alone (a 500, or an error e
 that dies is restarted by the engine's front end. A client that disconnects mid-stream cancels its request,
 freeing its KV blocks. A request's deadline (the server's ``request_timeout_s``, or the shorter timeout the
 request sends) travels with it to the engine core, which stops it wherever it is. Clients never see a
-traceback: those go to the server's log. On shutdown, running requests are drained first.
+traceback: those go to the server's log. On shutdown, running requests are drained first, for a bounded
+time (:mod:`~minserve.serve.lifetime`). The server's lifetime has guards of its own: a bounded number of
+connections, idle ones closed (:mod:`~minserve.serve.connections`), and a watchdog on the engine core
+(:mod:`~minserve.serve.watchdog`); a request's deadline holds even when the core stops.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minserve.config import ServerConfig
 from minserve.engine.admission import QueueState, RequestFacts, make_admission, retry_after_header
-from minserve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from minserve.engine.async_engine import SHUTDOWN_TIMEOUT_S, AsyncLLMEngine, EngineDeadError
 from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.sampling_params import MIN_TIMEOUT_S, SamplingParams
 from minserve.serve import degrade
+from minserve.serve.connections import ConnectionLedger
 from minserve.serve.guard import RequestGuard
+from minserve.serve.info import server_info
+from minserve.serve.lifetime import Lifetime
 from minserve.serve.metrics import ServerMetrics
 from minserve.serve.protocol import (
     ChatCompletionRequest,
@@ -51,6 +57,7 @@ from minserve.serve.protocol import (
     error_body,
 )
 from minserve.serve.responses import CHAT, COMPLETION, Reply, sse_event
+from minserve.serve.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the completions API
@@ -63,7 +70,7 @@ _ERRORS = {
     413: "request body too large",
     429: "refused by admission control (the code says why): retry after Retry-After seconds",
     500: "the request failed inside the engine",
-    503: "the engine is restarting or the server is shutting down",
+    503: "the engine is restarting or stalled, or the server is shutting down",
     504: "the request ran past its timeout (the server's, or its own: body timeout, header X-Request-Timeout)",
 }
 _GENERATION_RESPONSES = {status: {"model": ErrorResponse, "description": text} for status, text in _ERRORS.items()}
@@ -94,7 +101,9 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     degrader = degrade.make_degrader(config, engine.set_speculation)
     metrics = ServerMetrics()
     engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
-    state = {"draining": False}
+    lifetime = Lifetime(engine, config.shutdown_drain_s)
+    watchdog = Watchdog(engine, config.stall_timeout_s, metrics.registry)
+    connections = ConnectionLedger(config.max_connections, config.connection_idle_timeout_s, metrics.registry)
 
     def observe_load() -> tuple[QueueState, bool]:
         """Read the load now: the degraded modes' switch and the load gauges follow it. Returns the load read
@@ -113,18 +122,20 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        watcher = asyncio.create_task(watch_load()) if degrader is not None else None
+        watchers = [asyncio.create_task(watchdog.run())]
+        if degrader is not None:
+            watchers.append(asyncio.create_task(watch_load()))
         yield
-        if watcher is not None:
+        for watcher in watchers:
             watcher.cancel()
-        state["draining"] = True  # refuse new work, let what runs finish
-        deadline = time.monotonic() + config.shutdown_drain_s
-        while engine.num_in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        engine.shutdown(trace_out=config.trace_out)
+        await lifetime.drain()  # refuse new work, let what runs finish (done already after a SIGTERM)
+        # A core gets its usual time to stop, unless the drain used it all: then the bound is what counts.
+        engine.shutdown(trace_out=config.trace_out, timeout_s=min(SHUTDOWN_TIMEOUT_S, max(1.0, lifetime.remaining_s)))
 
     app = FastAPI(title="minserve", lifespan=lifespan)
     app.state.engine, app.state.metrics, app.state.degrader = engine, metrics, degrader
+    app.state.lifetime, app.state.watchdog, app.state.connections = lifetime, watchdog, connections
+    app.state.info = server_info(engine, model_name, config)
 
     def refuse(
         status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
@@ -142,19 +153,32 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     @app.get("/health", responses={503: {"description": "the engine is not serving", "model": dict}})
     async def health():
         status, reason = engine.health
-        if state["draining"]:
-            return {"status": "draining"}
+        if lifetime.draining:  # a load balancer takes the replica out while it drains
+            return JSONResponse({"status": "draining", "drain_left_s": round(lifetime.remaining_s, 1)}, 503)
+        if status == "ok" and watchdog.check():
+            status, reason = "stalled", f"no progress for {watchdog.silent_s:.1f} s (bound {watchdog.bound_s:.1f} s)"
         if status != "ok":  # a load balancer takes the replica out until the core is back
             return JSONResponse({"status": f"engine_{status}", "reason": reason}, status_code=503)
         return {"status": "ok", "engine_restarts": engine.num_restarts}
 
+    @app.head("/health", include_in_schema=False)  # load balancers send HEAD: the same status, no body
+    async def health_head():
+        return await health()
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "minserve"}]}
+        entry = {"id": model_name, "object": "model", "owned_by": "minserve", "max_model_len": engine.max_model_len}
+        return {"object": "list", "data": [{**entry, "minserve": app.state.info}]}
+
+    @app.get("/info")
+    async def info():
+        """The model, its cache and batch limits, the admission policy: what the startup line says."""
+        return app.state.info
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus():
         observe_load()
+        watchdog.check()
         text = metrics.render(engine.stats(), engine.num_restarts)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -162,7 +186,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     async def completions(body: CompletionRequest, request: Request):
         reply = Reply("", COMPLETION, model_name, engine.tokenizer, logprobs=body.logprobs is not None)
         params = _params(body, body.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS, body.logprobs)
-        return await _run(body, request, reply, params, lambda: body.prompt)
+        return await _run(body, request, reply, params, lambda: _completion_prompt(body.prompt))
 
     @app.post("/v1/chat/completions", response_model=None, responses=_documented(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -176,37 +200,45 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         fills_context = max_tokens is None  # the default shrinks to what the context leaves; a request's own does not
         return await _run(body, request, reply, params, lambda: _chat_prompt(messages), fills_context)
 
-    def _chat_prompt(messages: list[dict]) -> str:
+    def _completion_prompt(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
+        # A client's text is text: control tokens come only as token ids.
+        return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt, parse_special=False))
+
+    def _chat_prompt(messages: list[dict]) -> tuple[str, list[int]]:
         try:
-            return engine.tokenizer.apply_chat_template(messages)
+            return engine.inputs.encode_chat(messages)
         except ValueError as error:
-            raise ApiError(400, str(error), param="messages") from error
+            param = _param_of(error) if str(error).startswith("messages") else "messages"
+            raise ApiError(400, str(error), param=param) from error
 
     async def _run(
         body: SamplingFields,
         request: Request,
         reply: Reply,
         params: SamplingParams,
-        render: Callable[[], str | list[int]],
+        render: Callable[[], tuple[str | list[int], list[int]]],
         fills_context: bool = False,
     ):
         """Admit the request (or refuse it), then answer: one body, or a stream of events."""
         arrival_s = time.perf_counter()
-        if state["draining"]:
+        if lifetime.draining:
             raise ApiError(503, "the server is shutting down", code="shutting_down")
+        if watchdog.stalled:
+            raise ApiError(503, "the engine core is making no progress; retry on another replica",
+                           code="engine_stalled")  # fmt: skip
         if body.model != model_name:
             raise ApiError(404, f"model {body.model!r} is not served here; this server serves {model_name!r}",
                            param="model", code="model_not_found")  # fmt: skip
         own_timeout_s = _own_timeout_s(body.timeout, request.headers.get(TIMEOUT_HEADER), config.request_timeout_s)
         timeout_s = own_timeout_s or config.request_timeout_s
-        prompt, ids = await _off_the_loop(lambda: _tokenized(render()))
+        prompt, ids = await _off_the_loop(render)
         if fills_context:
             params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
         reply.request_id = f"cmpl-{uuid.uuid4().hex}"
         reply.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         # No await from here to add_request: the queue read, the decision and the join are one step of the
         # event loop, so no other request slips in between and every limit holds under any burst.
-        _refuse_invalid(lambda: engine.inputs.check_fits(ids, params, strict=True))  # a 400 before any 429
+        _refuse_invalid(lambda: engine.inputs.check_fits(ids, params))  # a 400 before any 429
         degraded = _admit(len(ids), params, own_timeout_s)
         try:  # queued at once; the core stops it at its deadline, wherever it is
             outputs = engine.add_request(prompt, params, reply.request_id, ids, arrival_s, body.priority, timeout_s)
@@ -222,6 +254,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         final = await _last(outputs)
         if final.finish_reason == "deadline":
             raise ApiError(504, timeout_message, code="timeout", admitted=True)
+        if final.finish_reason == "error" and lifetime.draining:
+            raise ApiError(503, final.error, code="shutting_down", admitted=True)
         if final.finish_reason == "error":
             raise ApiError(500, final.error or "the request failed in the engine", code="engine_error", admitted=True)
         return JSONResponse(reply.body(final), headers=headers)
@@ -237,9 +271,6 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
             retry_after = retry_after_header(refusal.retry_after_s, config.retry_after_s)
             raise ApiError(429, refusal.message, code=refusal.reason, headers={"Retry-After": retry_after})
         return degraded
-
-    def _tokenized(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
-        return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt))
 
     async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput], timeout_message: str) -> AsyncIterator[str]:
         first = True
@@ -294,8 +325,8 @@ def _own_timeout_s(body_s: float | None, header: str | None, server_timeout_s: f
             header_s = float(header)
         except ValueError:
             header_s = math.nan
-        if not (math.isfinite(header_s) and header_s > 0):
-            raise ApiError(400, f"{TIMEOUT_HEADER}: must be a positive number of seconds, got {header!r}",
+        if not (math.isfinite(header_s) and header_s >= MIN_TIMEOUT_S):
+            raise ApiError(400, f"{TIMEOUT_HEADER}: must be a number of seconds ≥ {MIN_TIMEOUT_S:g}, got {header!r}",
                            param=TIMEOUT_HEADER)  # fmt: skip
         sent.append(header_s)
     return min(*sent, server_timeout_s) if sent else None
@@ -334,7 +365,7 @@ def _install_error_handlers(app: FastAPI, refuse: Callable[..., JSONResponse]) -
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError):
-        return refuse(400, *_validation_message(error.errors()[0]))
+        return refuse(400, *_validation_message(_most_telling(error.errors())))
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
@@ -350,6 +381,18 @@ def _install_error_handlers(app: FastAPI, refuse: Callable[..., JSONResponse]) -
     async def unexpected(request: Request, error: Exception):
         logger.exception("%s %s failed", request.method, request.url.path)
         return _error(500, "the server failed on this request; its log has the details", code="internal_error")
+
+
+def _most_telling(errors: list[dict]) -> dict:
+    """The complaint that names the real problem. A value matching no member of a union (``prompt: [-1]``)
+    gets one complaint per member, the first usually "should be a valid string": prefer one about the value
+    itself (a bound, a length) over one that only says its type is another member's."""
+    first = errors[0]
+    field = first.get("loc", ())[:2]
+    for error in errors:
+        if error.get("loc", ())[:2] == field and not str(error.get("type", "")).endswith("_type"):
+            return error
+    return first
 
 
 def _validation_message(first: dict) -> tuple[str, str | None]:

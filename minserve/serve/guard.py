@@ -6,6 +6,9 @@ every chunk of every stream through an extra queue and task switch.
 **The key** follows RFC 6750: ``Authorization: Bearer <token>``, the scheme case-insensitive and required.
 A 401 names the scheme in ``WWW-Authenticate`` (with ``error="invalid_token"`` when a token was sent).
 
+Two ``Authorization`` headers are refused (400) rather than one of them believed: which one a proxy or a
+framework reads differs, and a bad key followed by a good one must not pass as the good one.
+
 **The size** is enforced on the bytes as they arrive, not on the ``Content-Length`` header alone: a chunked
 body has no such header, and a client may lie in it. Reading stops at the first byte past the limit, so an
 oversized body costs the server at most ``max_body_bytes`` of memory and no tokenizing.
@@ -39,7 +42,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        problem = self._auth_problem(scope["path"], headers) or self._declared_size_problem(headers)
+        problem = self._auth_problem(scope["path"], scope["headers"]) or self._declared_size_problem(headers)
         if problem is None and scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(receive)
             problem = self._too_large() if body is None else _encoding_problem(body)
@@ -50,10 +53,13 @@ class RequestGuard:
             return
         await self.app(scope, receive, send)
 
-    def _auth_problem(self, path: str, headers: dict[bytes, bytes]) -> tuple | None:
+    def _auth_problem(self, path: str, raw_headers: list[tuple[bytes, bytes]]) -> tuple | None:
         if not self.config.api_key or path in OPEN_PATHS:
             return None
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").strip().partition(" ")
+        sent = [value for name, value in raw_headers if name.lower() == b"authorization"]
+        if len(sent) > 1:
+            return 400, f"{len(sent)} Authorization headers: send exactly one", None, "duplicate_header", None
+        scheme, _, token = (sent[0] if sent else b"").decode("latin-1").strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             message = "missing API key: send the header 'Authorization: Bearer <key>'"
             return 401, message, None, "invalid_api_key", {"WWW-Authenticate": REALM}

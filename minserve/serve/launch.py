@@ -211,9 +211,14 @@ class ServerThread:
     def __init__(self, app: Any, startup_timeout_s: float = 10.0) -> None:
         import uvicorn  # only for this in-process server; a child process imports its own
 
+        from minserve.serve.server import uvicorn_server
+
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        options = {"host": "127.0.0.1", "port": self.port, "log_level": "warning"}
+        # A minserve app brings its connection limits and its drain; another app (a router's) is served plainly.
+        minserve_app = hasattr(app.state, "lifetime")
+        self.server = uvicorn_server(app, **options) if minserve_app else uvicorn.Server(uvicorn.Config(app, **options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + startup_timeout_s
@@ -221,7 +226,12 @@ class ServerThread:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        """As SIGTERM does: drain (a minserve app, for its ``shutdown_drain_s`` at most), then exit."""
+        lifetime = getattr(self.server, "lifetime", None)
+        if lifetime is not None:
+            lifetime.begin_drain()
+        else:
+            self.server.should_exit = True
         self.thread.join(30)
 
 

@@ -3,7 +3,8 @@
 Field checks live here, so a bad request is answered 400 with the field named before it reaches the
 engine, and the OpenAPI schema at ``/openapi.json`` states every rule the server enforces. Types are strict:
 ``"16"`` is not a number, ``"yes"`` is not a boolean, ``true`` is not a token id, and ``NaN`` or ``Infinity``
-(which Python's JSON parser accepts) are no numbers at all. Text must be valid Unicode: a lone surrogate
+(which Python's JSON parser accepts) are no numbers at all. An integer is what JSON Schema calls one, so a
+whole float (``1.0``) is an integer, and ``1.5`` is not. Text must be valid Unicode: a lone surrogate
 (``"\\ud800"`` in JSON) cannot be encoded, so it is refused rather than left to break the tokenizer.
 minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``, ``timeout``) are marked.
 """
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from minserve.engine.input_processor import unicode_problem
-from minserve.engine.sampling_params import MAX_TOP_LOGPROBS, SEED_MAX, SEED_MIN
+from minserve.engine.sampling_params import MAX_TOP_LOGPROBS, MIN_TIMEOUT_S, SEED_MAX, SEED_MIN
 
 if TYPE_CHECKING:
     from minserve.engine.outputs import RequestOutput
@@ -32,10 +33,19 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
+def _whole(value: object) -> object:
+    """A whole float as the integer it is (JSON Schema's ``integer`` includes ``1.0``); anything else as it came,
+    for the strict check to judge."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_whole)]
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_valid_unicode)]
-TokenId = Annotated[int, Field(ge=0)]
-Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
+TokenId = Annotated[Int, Field(ge=0)]
+Seed = Annotated[Int, Field(ge=SEED_MIN, le=SEED_MAX)]
 
 
 class StreamOptions(BaseModel):
@@ -51,7 +61,7 @@ class SamplingFields(BaseModel):
     model: str
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1, description="minserve extension, as in vLLM: 0 or -1 is off")
+    top_k: Int = Field(default=0, ge=-1, description="minserve extension, as in vLLM: 0 or -1 is off")
     seed: Seed | None = None
     stop: NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         default=None, description=f"at most {MAX_STOP_STRINGS} non-empty strings"
@@ -59,12 +69,13 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(default=False, description="minserve extension, as in vLLM")
-    priority: int = Field(default=0, description="minserve extension, as in vLLM: lower runs first")
+    priority: Int = Field(default=0, description="minserve extension, as in vLLM: lower runs first")
     timeout: float | None = Field(
-        default=None, gt=0, description="minserve extension: seconds after arrival past which the request is "
-        "stopped (504), at most the server's request timeout; also the header X-Request-Timeout"
+        default=None, ge=MIN_TIMEOUT_S, description=f"minserve extension: seconds (at least {MIN_TIMEOUT_S:g}) "
+        "after arrival past which the request is stopped (504); a longer one than the server's request timeout "
+        "is capped at it; also the header X-Request-Timeout"
     )  # fmt: skip
-    n: int = Field(default=1, ge=1, le=1, description="one choice per request")
+    n: Int = Field(default=1, ge=1, le=1, description="one choice per request")
 
     @property
     def stop_strings(self) -> list[str]:
@@ -77,8 +88,8 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[TokenId], Field(min_length=1)]
         | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
     ) = Field(description="a non-empty string, a non-empty list of token ids, or a list of one string")
-    max_tokens: int | None = Field(default=16, ge=1, description="at most the context left after the prompt")
-    logprobs: int | None = Field(
+    max_tokens: Int | None = Field(default=16, ge=1, description="at most the context left after the prompt")
+    logprobs: Int | None = Field(
         default=None, ge=0, le=MAX_COMPLETION_LOGPROBS, description="chosen tokens' logprobs, and this many more"
     )
     echo: bool = Field(default=False, description="not supported: true is refused")
@@ -116,12 +127,12 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
-    max_completion_tokens: int | None = Field(
+    max_tokens: Int | None = Field(default=None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
+    max_completion_tokens: Int | None = Field(
         default=None, ge=1, description="default: the server's --default-max-tokens, or the context left"
     )
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
 
 
 # --- responses (documented in the OpenAPI schema; the handlers build them as plain dicts) -----------------
