@@ -1,6 +1,8 @@
 """Chapter 03's checks (``minserve.lab.roofline_checks``) pass on numbers shaped like the real engine's and
 fail on those of an engine without the property: one that decodes one sequence per step, whose prefill is
-no cheaper per token than decode, whose points sit above the roofline, or whose Triton kernel is wrong.
+no cheaper per token than decode, whose decode is no longer bound by its weights (re-read or widened every
+step, a per-step overhead dwarfing the read, a step faster than the read), whose step ignores the KV cache,
+or whose Triton kernel is wrong.
 
 The profiles are made by hand on a toy accelerator (times are chosen, never measured), so nothing here
 depends on the machine's speed; the one real measurement checks shapes and arithmetic only.
@@ -8,6 +10,7 @@ depends on the machine's speed; the one real measurement checks shapes and arith
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -17,8 +20,9 @@ from minserve import LLM, capacity
 from minserve.capacity.profiler import DecodePoint, PrefillPoint, Profile
 from minserve.capacity.roofline import Hardware
 from minserve.kernels import decode_attention, silu_and_mul
-from minserve.lab import kernel_bench, roofline_tables
+from minserve.lab import kernel_bench, roofline_weights
 from minserve.lab import roofline_checks as checks
+from minserve.lab.roofline_weights import KVGrowth, WeightBound
 
 # 1 PFLOP/s and 10 TB/s: fast enough that the hand-made costs below, not the bound, make each step.
 TOY = Hardware("toy", peak_flops_per_s=1e15, memory_bandwidth_bytes_per_s=1e13, memory_bytes=10**13, dtype="float32")
@@ -58,7 +62,6 @@ def test_the_checks_pass_on_an_engine_shaped_like_the_real_one():
     profile = _profile()
     checks.check_prefill_beats_decode(profile)
     checks.check_decode_sublinear(profile)
-    checks.check_under_the_roof(roofline_tables.profile_table(profile))
 
 
 def test_one_sequence_per_step_fails_the_sublinear_check():
@@ -85,30 +88,83 @@ def test_prefill_no_cheaper_than_decode_fails():
         checks.check_prefill_beats_decode(_profile(prefill_s_per_token=decode_step_s / 5))
 
 
-def test_points_above_the_roof_fail():
-    table = roofline_tables.profile_table(_profile(slowdown=3.0))
-    checks.check_under_the_roof(table)
-    too_fast = table.assign(**{"× bound": 0.5})  # a bound that is no bound: the probe, or the arithmetic, is wrong
-    with pytest.raises(AssertionError, match="under the roof"):
-        checks.check_under_the_roof(too_fast)
+# SmolLM2-135M in float32 on a 2-core CPU, as measured (2026-12-06, Intel Xeon): 538 MB of weights at ~10 GB/s.
+WEIGHTS_B, READ_BPS = 538e6, 10e9
 
 
-def test_fixed_cost_check_on_paired_numbers():
-    real = checks.PairedDecode(batch=16, context=64, alone_s=1.45e-3, batched_s=3.43e-3, rounds=())
-    assert real.per_sequence_s == pytest.approx(0.132e-3) and real.fixed_s == pytest.approx(1.318e-3)
-    checks.check_fixed_cost_dominates(real)
-    unbatched = checks.PairedDecode(batch=16, context=64, alone_s=1.45e-3, batched_s=16 * 1.45e-3, rounds=())
-    with pytest.raises(AssertionError, match="fixed"):
-        checks.check_fixed_cost_dominates(unbatched)
+def _weight_bound(steps_ms: dict[int, float], pass_ms: float = 50.0) -> WeightBound:
+    """A measured run made by hand: fastest step per batch (ms) and one pass through the weights (ms)."""
+    hw = Hardware("cpu", 1e11, READ_BPS, 0, "float32")
+    points = tuple(
+        DecodePoint(b, 32, 36, t / 1e3, (t / 1e3,), None, capacity.predict_decode(SMALL, b, 36, hw, "float32"))
+        for b, t in steps_ms.items()
+    )
+    return WeightBound("smol", "float32", 2, int(WEIGHTS_B), hw, points, pass_ms / 1e3, ())
 
 
-def test_paired_decode_on_the_engine_keeps_the_fastest_step_of_each_round():
-    llm = LLM(max_num_seqs=4)
-    paired = checks.paired_decode(llm, TOY, batch=4, context=16, rounds=2, steps=2)
-    assert len(paired.rounds) == 2 and paired.batch == 4
-    assert paired.alone_s <= min(one for one, _ in paired.rounds)
-    assert paired.batched_s <= min(many for _, many in paired.rounds)
-    assert paired.fixed_s + paired.per_sequence_s == pytest.approx(paired.alone_s)
+BOUND = {1: 58.0, 2: 60.0, 4: 66.0}  # ≈ 538 MB ÷ 10 GB/s = 54 ms, and a batch shares the read
+
+
+def test_weight_bound_checks_pass_on_a_model_bound_by_its_weights():
+    run = _weight_bound(BOUND)
+    assert run.weight_read_s == pytest.approx(0.0538)
+    checks.check_bound_by_weights(run, within=2.5, overhead_at_most=2.0)
+    checks.check_batch_shares_weights(run, batch=4, at_most=2.5)
+
+
+def test_an_engine_that_re_reads_or_widens_its_weights_every_step_fails():
+    widened = _weight_bound({b: 3 * t for b, t in BOUND.items()})  # bf16 widened to fp32: ~3× the bytes a step
+    with pytest.raises(AssertionError, match="weight read"):
+        checks.check_bound_by_weights(widened, within=2.5, overhead_at_most=4.0)
+
+
+def test_an_engine_whose_overhead_dwarfs_the_weight_read_fails():
+    # The embedded model: 14 MB read from cache in ~0.5 ms, a step of ~3 ms; the step is ~ its DRAM read time.
+    tiny = WeightBound("tiny", "float32", 1, 14_000_000, _weight_bound(BOUND).hardware, (), 0.5e-3, ())
+    tiny = dataclasses.replace(tiny, points=_weight_bound({1: 2.0, 4: 2.6}).points)
+    with pytest.raises(AssertionError, match="pass through its weights"):
+        checks.check_bound_by_weights(tiny, within=2.5, overhead_at_most=2.0)
+    slow_python = _weight_bound({b: t + 150 for b, t in BOUND.items()})  # 150 ms of per-step overhead
+    with pytest.raises(AssertionError):
+        checks.check_bound_by_weights(slow_python, within=2.5, overhead_at_most=2.0)
+
+
+def test_a_step_faster_than_reading_its_weights_fails():
+    cached = _weight_bound({1: 10.0, 4: 11.0}, pass_ms=9.0)  # the roof is wrong: the weights were in a cache
+    with pytest.raises(AssertionError, match="<"):
+        checks.check_bound_by_weights(cached, within=2.5)
+
+
+def test_an_engine_reading_the_weights_once_per_sequence_fails_the_batch_check():
+    per_sequence = _weight_bound({b: b * 58.0 for b in (1, 2, 4)})
+    with pytest.raises(AssertionError, match="step of 4"):
+        checks.check_batch_shares_weights(per_sequence, batch=4, at_most=2.5)
+
+
+def _kv(short_ms: float, long_ms: float) -> KVGrowth:
+    kv_long = 2 * 1542 * 46080
+    return KVGrowth(2, (36, 1542), (short_ms / 1e3, long_ms / 1e3), (541e6, 541e6 + kv_long), (3e6, kv_long), 1e10)
+
+
+def test_kv_growth_check():
+    kv = _kv(58.0, 110.0)  # +90% against +26% of bytes: the torch backend gathers the cache (reads it 3×)
+    assert kv.predicted_growth == pytest.approx(0.263, abs=0.01)
+    checks.check_kv_growth(kv, share=0.5)
+    with pytest.raises(AssertionError, match="bytes say"):  # decode that ignores the cache, or is all overhead
+        checks.check_kv_growth(_kv(58.0, 60.0), share=0.5)
+
+
+def test_weight_bound_on_the_engine_keeps_the_fastest_step_of_each_round():
+    llm = LLM(max_num_seqs=4, num_threads=1)
+    run = roofline_weights.measure_weight_bound(llm, batches=(1, 2), context=16, rounds=2, steps=2, read_mib=16)
+    assert len(run.rounds) == 2 and [p.batch for p in run.points] == [1, 2]
+    assert run.step_s(1) <= min(r[1] for _, r in run.rounds)
+    assert run.hardware.memory_bandwidth_bytes_per_s == max(bw for bw, _ in run.rounds)
+    table = roofline_weights.regime_table({"tiny": run}, batch=2)
+    assert table.loc["tiny", "step ÷ weight read"] == pytest.approx(run.step_s(1) / run.weight_read_s)
+    kv = roofline_weights.measure_kv_growth(llm, run.hardware, batch=2, contexts=(8, 64), rounds=2, steps=2)
+    assert kv.contexts[0] < kv.contexts[1] and kv.bytes[0] < kv.bytes[1] and kv.kv_bytes[1] > kv.kv_bytes[0]
+    assert list(roofline_weights.kv_growth_table(kv).index) == list(kv.contexts)
 
 
 def test_a_broken_kernel_fails_the_kernel_check(monkeypatch):

@@ -239,3 +239,29 @@ def test_widget_updates_through_the_callback():
     gpu.value = "this machine"
     choice.value = "tiny"
     assert readout.value == roofline_widget.explorer_summary_html(lab.roofline_explorer_result(SMALL, TOY, 4096, 128))
+
+
+def test_causal_prefill_attention_reaches_about_a_quarter_of_the_context():
+    """Causal masking: a prefill computes S(S+1)/2 of the S² query-key pairs, so about S/4 FLOP/byte in bf16."""
+    row = roofline_tables.attention_intensity_table([(4096, 4096)]).iloc[0]
+    assert row["MHA (bfloat16)"] == pytest.approx(2048)
+    assert row["MHA causal (bfloat16)"] == pytest.approx(4096 / 4, rel=1e-3)
+
+
+def test_last_level_cache_reads_the_highest_level(tmp_path):
+    from minserve.lab.roofline_weights import last_level_cache_bytes
+
+    for name, level, size in (("index0", 1, "48K"), ("index2", 2, "2048K"), ("index3", 3, "260M")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 260 * 2**20
+    assert last_level_cache_bytes(str(tmp_path / "missing")) is None
+
+
+def test_read_bandwidth_probe_is_positive_and_refuses_nonsense():
+    from minserve.capacity.roofline import measure_read_bandwidth
+
+    assert measure_read_bandwidth(read_mib=4, repeats=2) > 0
+    with pytest.raises(ValueError):
+        measure_read_bandwidth(read_mib=0)

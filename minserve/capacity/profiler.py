@@ -205,7 +205,8 @@ def profile_decode(
     *,
     _prompts: _Prompts | None = None,
 ) -> list[DecodePoint]:
-    """Decode step time for every (batch, context) pair: ``steps`` pure decode steps timed, median kept."""
+    """Decode step time for every (batch, context) pair: ``steps`` pure decode steps timed, median kept.
+    ``_prompts`` may be a :class:`RepeatedPrompts` (rewound by the caller) to reuse cached prompts."""
     engine = _engine(llm)
     _check_decode_sweep(engine, batch_sizes, context_lengths, steps)
     hw = hardware or _measure_for(engine)
@@ -240,6 +241,30 @@ class _Prompts:
 
     def fresh(self, length: int) -> list[int]:
         return [self.rng.randrange(1, self.vocab_size) for _ in range(length)]
+
+
+class RepeatedPrompts(_Prompts):
+    """The same prompts again after each :meth:`rewind`: the n-th prompt of a length is always the same ids.
+
+    For measuring decode at a long context more than once: the first round prefills the prompts, later
+    rounds find their blocks in the prefix cache and skip that work (distinct prompts within a round still
+    share nothing, so every sequence keeps its own KV cache to read).
+    """
+
+    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
+        super().__init__(engine, seed)
+        self.made: dict[int, list[list[int]]] = {}
+        self.used: dict[int, int] = {}
+
+    def fresh(self, length: int) -> list[int]:
+        made, n = self.made.setdefault(length, []), self.used.get(length, 0)
+        if n == len(made):
+            made.append(super().fresh(length))
+        self.used[length] = n + 1
+        return made[n]
+
+    def rewind(self) -> None:
+        self.used.clear()
 
 
 def _time_prefill(engine: LLMEngine, prompt: list[int]) -> float:

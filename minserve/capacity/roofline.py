@@ -400,3 +400,30 @@ def _physical_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not a POSIX system that reports it
         return 0
+
+
+def measure_read_bandwidth(read_mib: int = 256, repeats: int = 5, device: str = "cpu") -> float:
+    """Bytes/s a streaming *read* reaches on this machine with torch's current thread count: the best of
+    ``repeats`` sums over a ``read_mib`` MiB float32 tensor (after one warm-up), bytes read ÷ seconds.
+
+    A decode step reads its weights and writes almost nothing, so this, not :func:`measure_this_machine`'s
+    copy (a read and a write of every byte), is the roof a weight read runs into. The tensor must outgrow the
+    last-level cache, or the probe measures the cache. Set the engine's thread count first: one core
+    streams less than all of them.
+    """
+    import torch
+
+    if read_mib <= 0 or repeats <= 0:
+        raise ValueError("read_mib and repeats must be positive")
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    data = torch.ones(read_mib * 2**20 // 4, dtype=torch.float32, device=dev)
+    data.sum()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * data.element_size() / best

@@ -4,27 +4,21 @@ when the measurement says otherwise.
 A check here compares measured numbers with measured numbers (or with the measured roofs), with a margin
 stated in its docstring, so that one step slowed down by another process cannot overturn it while an engine
 without the property would: one that decodes a sequence per step (its step time grows with the batch),
-whose prefill costs per token what decode does, or whose points sit above the roofline (a wrong bound).
+whose prefill costs per token what decode does, whose decode is no longer bound by its weights (it re-reads
+or widens them every step, or a per-step overhead dwarfs the read), or whose step ignores the KV cache.
 tests/test_ch03_checks.py feeds each one such numbers. Each returns a sentence of what it found.
-
-:func:`paired_decode` is the measurement behind the fixed-cost check: decode steps at batch 1 and at a large
-batch, measured in alternating rounds so that load coming and going touches both alike, the fastest kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import replace
 
 import pandas as pd
 
-from minserve.capacity import decode_fit, profiler
+from minserve.capacity import decode_fit
 from minserve.capacity.profiler import Profile
-from minserve.capacity.roofline import Hardware
 from minserve.lab.anatomy_checks import require
-
-if TYPE_CHECKING:
-    from minserve.engine.llm import LLM
+from minserve.lab.roofline_weights import KVGrowth, WeightBound
 
 
 def check_prefill_beats_decode(profile: Profile, factor: float = 10.0) -> str:
@@ -60,64 +54,55 @@ def check_decode_sublinear(profile: Profile, batch: int = 8, saving: float = 2.0
     return f"a step of {batch} takes " + ", ".join(found) + f" the step of 1 (for {batch}× the tokens)"
 
 
-def check_under_the_roof(table: pd.DataFrame, share: float = 0.75) -> str:
-    """The roofline is a lower bound on time: at least ``share`` of the measured points took longer than
-    their bound (``× bound ≥ 1`` in :func:`minserve.lab.roofline_tables.profile_table`). Not every point:
-    a tiny model's weights can sit in the CPU's cache, read faster than the probe's DRAM roof."""
-    under = float((table["× bound"] >= 1).mean())
-    require(under >= share, f"only {under:.0%} of the points are under the roof, expected ≥ {share:.0%}")
-    return f"{under:.0%} of {len(table)} points under the roof; median {table['× bound'].median():.1f}× the bound"
+def check_bound_by_weights(run: WeightBound, batch: int = 1, within: float = 2.5, overhead_at_most: float = 2.0) -> str:
+    """Decode at ``batch`` is bound by reading the weights: its fastest step is within ``within`` × (weight
+    bytes ÷ measured read bandwidth), either way, and at most ``overhead_at_most`` × one measured pass of a
+    token through every weight matrix (so the matmuls, not what surrounds them, are the step).
 
-
-@dataclass(frozen=True)
-class PairedDecode:
-    """Decode steps at batch 1 and at ``batch``, measured in alternating rounds (seconds).
-
-    ``alone_s`` and ``batched_s``: the fastest step of each over every round. ``rounds``: each round's
-    median steps, to show the spread. ``fixed_s`` and ``per_sequence_s``: the line through the two fastest,
-    ``step = fixed + per_sequence × b``.
+    Fails for an engine that re-reads or widens its weights every step (the step grows past the read), for
+    one whose per-step overhead dwarfs the read (the step is many passes long: the embedded model on a CPU),
+    and for a roof that is wrong (a step faster than reading the weights once: they sat in a cache).
+    ``run``: :func:`minserve.lab.roofline_weights.measure_weight_bound`, probe and steps in alternating rounds.
     """
-
-    batch: int
-    context: int
-    alone_s: float
-    batched_s: float
-    rounds: tuple[tuple[float, float], ...]
-
-    @property
-    def per_sequence_s(self) -> float:
-        return (self.batched_s - self.alone_s) / (self.batch - 1)
-
-    @property
-    def fixed_s(self) -> float:
-        return self.alone_s - self.per_sequence_s
-
-
-def paired_decode(
-    llm: LLM, hardware: Hardware, batch: int = 16, context: int = 64, rounds: int = 5, steps: int = 8
-) -> PairedDecode:
-    """Measure batch 1, then ``batch``, ``rounds`` times over (pure decode steps, ``steps`` timed each).
-
-    Alternating rounds spread both sizes over the same seconds, so load that comes and goes touches both;
-    the fastest step of each counts, because load only ever adds time (as the roofline's probe takes its
-    best run). About 2 s on the embedded model on a quiet 2-core CPU.
-    """
-    measured = [profiler.profile_decode(llm, (1, batch), (context,), steps, hardware) for _ in range(rounds)]
-    alone = min(t for one, _ in measured for t in one.steps_s)
-    batched = min(t for _, many in measured for t in many.steps_s)
-    return PairedDecode(batch, context, alone, batched, tuple((one.step_s, many.step_s) for one, many in measured))
-
-
-def check_fixed_cost_dominates(paired: PairedDecode, margin: float = 2.0) -> str:
-    """A decode step's fixed cost (what it pays before any sequence) is more than ``margin`` × what each
-    sequence adds: measured as the fastest steps of alternating rounds (:func:`paired_decode`), so that a
-    loaded machine does not overturn it (on a quiet one the ratio is about 10). An engine that ran one
-    sequence per step would have no fixed cost to share (``fixed ≈ 0``)."""
-    fixed, per_seq = paired.fixed_s, paired.per_sequence_s
-    require(fixed > margin * per_seq, f"fixed {fixed * 1e3:.3f} ms ≤ {margin} × per sequence {per_seq * 1e3:.3f} ms")
+    step, read, matmuls = run.step_s(batch), run.weight_read_s, run.weights_pass_s
+    name = f"{run.model} ({run.dtype})"
+    require(step <= within * read, f"{name}: step {step * 1e3:.1f} ms > {within} × weight read {read * 1e3:.1f} ms")
+    require(step * within >= read, f"{name}: step {step * 1e3:.1f} ms < weight read {read * 1e3:.1f} ms / {within}")
+    require(
+        step <= overhead_at_most * matmuls,
+        f"{name}: step {step * 1e3:.2f} ms > {overhead_at_most} × the pass through its weights {matmuls * 1e3:.2f} ms",
+    )
     return (
-        f"batch 1: {paired.alone_s * 1e3:.2f} ms, batch {paired.batch}: {paired.batched_s * 1e3:.2f} ms per step → "
-        f"fixed {fixed * 1e3:.2f} ms, {per_seq * 1e3:.3f} ms per sequence ({fixed / per_seq:.0f}×)"
+        f"{name}, batch {batch}: step {step * 1e3:.1f} ms = {step / read:.2f} × the weight read "
+        f"({read * 1e3:.1f} ms at {run.hardware.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s), "
+        f"{step / matmuls:.2f} × one pass through the weights"
+    )
+
+
+def check_batch_shares_weights(run: WeightBound, batch: int = 4, at_most: float = 2.5) -> str:
+    """A batch shares the weight read: the fastest step of ``batch`` sequences takes at most ``at_most`` ×
+    the step of one (an engine that read the weights once per sequence would take ``batch`` ×)."""
+    one, many = run.step_s(1), run.step_s(batch)
+    require(many <= at_most * one, f"step of {batch}: {many * 1e3:.1f} ms > {at_most} × step of 1 {one * 1e3:.1f} ms")
+    return (
+        f"{run.model} ({run.dtype}): a step of {batch} takes {many / one:.2f}× the step of 1, for {batch}× the tokens"
+    )
+
+
+def check_kv_growth(kv: KVGrowth, share: float = 0.5) -> str:
+    """At a long context a decode step reads every sequence's KV cache too: the same batch's fastest step
+    grows from the short context to the long one by at least ``share`` × what the bytes predict
+    (``bytes long / bytes short − 1``). An engine whose decode ignored the cache (or whose step is so
+    dominated by something else that the cache does not show) fails."""
+    measured, predicted = kv.measured_growth, kv.predicted_growth
+    require(predicted > 0, f"the long context {kv.contexts[1]} adds no bytes over {kv.contexts[0]}")
+    require(
+        measured >= share * predicted,
+        f"step grew {measured:+.0%} from context {kv.contexts[0]} to {kv.contexts[1]}; the bytes say {predicted:+.0%}",
+    )
+    return (
+        f"batch {kv.batch}, context {kv.contexts[0]} → {kv.contexts[1]}: {kv.kv_bytes[1] / 1e6:.0f} MB of KV, "
+        f"bytes {predicted:+.0%}, step {measured:+.0%}"
     )
 
 

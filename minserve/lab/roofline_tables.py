@@ -14,7 +14,7 @@ import pandas as pd
 
 from minserve import capacity
 from minserve.capacity.kv import Dtype, ModelLike
-from minserve.capacity.roofline import HARDWARE, Hardware
+from minserve.capacity.roofline import HARDWARE, Hardware, attended_keys
 from minserve.model.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def profile_table(profile: Profile) -> pd.DataFrame:
 def attention_intensity_table(
     cases: Sequence[tuple[int, int]], dtype: Dtype = "bfloat16", queries_per_kv: Sequence[int] = (1, 4)
 ) -> pd.DataFrame:
-    """Attention's FLOP/byte for ``(query tokens T, context tokens S)`` pairs, next to ``S·T/(S+T)``.
+    """Attention's FLOP/byte for ``(query tokens T, context tokens S)`` pairs, next to ``S·T/(S+T)``, and with
+    the causal mask: a prefill (``T = S``) computes only ``S(S+1)/2`` of the ``S²`` pairs, so ≈ ``S/4``.
 
     One column per grouping ``g`` of query heads per KV head (1: multi-head attention, 4: Llama-3-8B's GQA).
     """
@@ -78,6 +79,10 @@ def attention_intensity_table(
         for g in queries_per_kv:
             label = "MHA" if g == 1 else f"GQA g={g}"
             row[f"{label} ({dtype})"] = capacity.attention_intensity_flops_per_byte(t, s, dtype, g)
+        # Causal: the i-th new query sees only the keys up to itself, so only attended_keys(T, S) of the S·T
+        # pairs are computed (a kernel that skips the masked tiles); the bytes are the same.
+        share = attended_keys(t, s) / (s * t)
+        row[f"MHA causal ({dtype})"] = share * capacity.attention_intensity_flops_per_byte(t, s, dtype, 1)
         rows.append(row)
     return pd.DataFrame(rows)
 
