@@ -9,13 +9,24 @@ given margins far wider than this machine's noise, and the stall's prediction is
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 
 from minserve import LLM
 from minserve.capacity.cost_model import StepCostModel
+from minserve.capacity.simulator import SchedulerConfig
 from minserve.engine.core import EngineCore
-from minserve.lab import cancellation, engine_runs, scheduling, scheduling_checks, simulation_figures
+from minserve.lab import (
+    cancellation,
+    engine_runs,
+    scheduling,
+    scheduling_checks,
+    scheduling_steps,
+    simulation_figures,
+)
+from minserve.lab.playground import Playground, playground_result
 
 
 def _engine(**options) -> LLM:
@@ -233,3 +244,99 @@ def test_cancellation_check_fails_on_a_leaked_block(vocab):
     leaky = cancellation.CancelledRun(cancelled.run, cancelled.cancelled_id, cancelled.cancel_after_step, blocks)
     with pytest.raises(AssertionError, match="blocks are in use"):
         cancellation.check_cancellation(leaky, reference)
+
+
+# --- the step is shared ---------------------------------------------------------------------------------------
+
+
+def _points(*steps_ms: tuple[int, float]) -> list[SimpleNamespace]:
+    return [SimpleNamespace(batch=batch, step_s=ms / 1e3) for batch, ms in steps_ms]
+
+
+def test_step_shared_holds_on_the_tiny_engine():
+    llm = _engine(max_num_seqs=8, num_kv_blocks=64, max_model_len=256)
+    points = scheduling_steps.shared_step_points(llm, batch=8, context_tokens=16, steps=8)
+    result = scheduling_checks.check_step_shared(points, at_most=3.0)
+    assert result["batch 8: ms per token"] < result["batch 1: ms per token"]
+    table = scheduling_steps.shared_step_table(points)
+    assert list(table.index) == [1, 8] and table.loc[8, "ms per token"] == pytest.approx(table.loc[8, "step ms"] / 8)
+
+
+def test_step_shared_fails_when_the_batch_runs_one_sequence_after_another():
+    assert scheduling_checks.check_step_shared(_points((1, 10.0), (8, 12.0)), at_most=2.0)["batch 8: step ms"] == 12
+    with pytest.raises(AssertionError, match="a step of 8 sequences took 8.00 × a step of one"):
+        scheduling_checks.check_step_shared(_points((1, 10.0), (8, 80.0)), at_most=2.0)
+    with pytest.raises(AssertionError, match="need batch 1 and a larger batch"):
+        scheduling_checks.check_step_shared(_points((8, 12.0)))
+
+
+# --- the simulator, the sweep, aging, the playground ------------------------------------------------------------
+
+
+def _summary(ttft_p50: float, tpot_p50: float) -> dict:
+    return {"ttft_ms": {"p50": ttft_p50}, "tpot_ms": {"p50": tpot_p50}}
+
+
+def test_simulator_agreement_check():
+    ratios = scheduling_checks.check_simulator_agrees(_summary(40, 10), _summary(50, 9), within=2.5)
+    assert ratios == {"ttft_ms": 1.25, "tpot_ms": 0.9}
+    # A simulator whose cost model left out the prompt: TTFT predicted far too short.
+    with pytest.raises(AssertionError, match=r"\{'ttft_ms': 0.1\}, not within ×2.5"):
+        scheduling_checks.check_simulator_agrees(_summary(40, 10), _summary(4, 9), within=2.5)
+
+
+def _sweep(spf_goodput: float, spf_long_ms: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"policy": "FCFS", "rate_rps": 13.0, "goodput_rps": 4.0, "ttft_long_max_ms": 9000.0},
+            {"policy": "SPF, no aging", "rate_rps": 13.0, "goodput_rps": spf_goodput, "ttft_long_max_ms": spf_long_ms},
+        ]
+    )
+
+
+def test_overload_order_check():
+    result = scheduling_checks.check_overload_order(_sweep(8.0, 20000.0), 13.0, "SPF, no aging", "FCFS")
+    assert result["SPF, no aging goodput"] == 8.0
+    # Shortest-first that orders like FCFS: the same goodput, the same tail.
+    with pytest.raises(AssertionError, match="req/s of goodput"):
+        scheduling_checks.check_overload_order(_sweep(4.0, 9000.0), 13.0, "SPF, no aging", "FCFS")
+    with pytest.raises(AssertionError, match="no price was paid"):
+        scheduling_checks.check_overload_order(_sweep(8.0, 9000.0), 13.0, "SPF, no aging", "FCFS")
+    with pytest.raises(AssertionError, match="no rows"):
+        scheduling_checks.check_overload_order(_sweep(8.0, 20000.0), 6.0, "SPF, no aging", "FCFS")
+
+
+def test_aging_check():
+    first = {"aged": 4.0, "unaged": 11.0}
+    assert scheduling_checks.check_aging(first, {"aged": 500, "unaged": 2000}, 10.0, "aged", "unaged", 380) == {
+        "aged": 500,
+        "unaged": 2000,
+    }
+    # Aging that does not age: the long prompt waits as long as without it.
+    with pytest.raises(AssertionError, match="aged made the long prompt wait 2000 steps"):
+        scheduling_checks.check_aging(first, {"aged": 2000, "unaged": 2000}, 10.0, "aged", "unaged", 380)
+    with pytest.raises(AssertionError, match="over 2 × the aging bound"):
+        scheduling_checks.check_aging(first, {"aged": 900, "unaged": 2000}, 10.0, "aged", "unaged", 380)
+    with pytest.raises(AssertionError, match="it did not starve"):
+        scheduling_checks.check_aging(
+            {"aged": 4.0, "unaged": 9.0}, {"aged": 5, "unaged": 9}, 10.0, "aged", "unaged", 380
+        )
+
+
+def test_playground_chunking_check():
+    cost = StepCostModel({"base": 2e-3, "prefill_tokens": 3e-4, "decode_seqs": 2e-4})
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=2048)
+    playground = Playground(cost, config, num_requests=120)
+    chunked = playground_result(playground, "fcfs", 6.0)
+    unchunked = playground_result(playground, "fcfs", 6.0, chunked_prefill=False)
+    result = scheduling_checks.check_playground_chunking(chunked, unchunked, 256, 768, itl_ratio=2.0)
+    assert result["largest step, chunked"] <= 256 < 768 <= result["largest step, unchunked"]
+    # A playground whose chunking switch does nothing.
+    with pytest.raises(AssertionError, match="under a 768-token prompt"):
+        scheduling_checks.check_playground_chunking(chunked, chunked, 256, 768, itl_ratio=2.0)
+
+
+def test_busy_step_is_the_cost_of_full_seats_and_one_short_prompt():
+    per_unit = StepCostModel({"prefill_tokens": 1e-3, "decode_seqs": 1e-3})  # 1 ms a prompt token or a decode
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=64)
+    assert scheduling_steps.busy_step_s(per_unit, config, prompt_tokens=40) == pytest.approx(0.055)

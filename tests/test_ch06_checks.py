@@ -15,7 +15,8 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.capacity import parallel as capacity_parallel
-from minserve.lab import parallel, parallel_checks, parallel_experts, parallel_routing, parallel_runs
+from minserve.capacity.interconnect import Interconnect, ring_all_reduce_s
+from minserve.lab import parallel, parallel_checks, parallel_experts, parallel_link, parallel_routing, parallel_runs
 from minserve.parallel.pipeline import PipelineStats, StepTimeline
 
 OPTIONS = parallel_runs.ENGINE_OPTIONS
@@ -275,3 +276,55 @@ def test_expert_parallel_check_fails_on_other_tokens_or_another_routing(experts)
     moved[0, 0], moved[0, 1] = moved[0, 0] + 1, moved[0, 1] - 1  # a pair run by the wrong expert
     with pytest.raises(AssertionError, match="expert load differs from one process's"):
         parallel_checks.check_expert_parallel(dataclasses.replace(experts, load=moved))
+
+
+# --- the α–β fit and the bubble's band ------------------------------------------------------------------------
+
+
+def _alpha_beta(latency_s: float = 50e-6, bandwidth: float = 1e9, slow_middle: float = 1.0):
+    """All-reduce times of a link that is α + S / B (``slow_middle`` multiplies the held-out sizes' times)."""
+    link = Interconnect("test", bandwidth, latency_s)
+    seconds = [ring_all_reduce_s(s, 2, link) for s in parallel_link.DEFAULT_SIZES]
+    seconds[1:-1] = [t * slow_middle for t in seconds[1:-1]]
+    return parallel_link.LinkMeasurement(parallel_link.DEFAULT_SIZES, tuple(seconds), 2)
+
+
+def test_link_fit_holds_on_an_alpha_beta_link():
+    measured = _alpha_beta()
+    link = parallel_link.fit_ring(measured)
+    assert link.latency_s == pytest.approx(50e-6) and link.bandwidth_bytes_per_s == pytest.approx(1e9)
+    ratios = parallel_checks.check_link_fit(parallel_link.link_table(measured, link), within=2.0)
+    assert list(ratios.values()) == pytest.approx([1.0, 1.0])
+
+
+def test_link_fit_fails_on_a_link_that_is_not_alpha_plus_bytes_over_bandwidth():
+    switched = _alpha_beta(slow_middle=4.0)  # a protocol that turns slow between the two fitted sizes
+    table = parallel_link.link_table(switched, parallel_link.fit_ring(switched))
+    with pytest.raises(AssertionError, match="held-out all-reduces of .* not within ×2"):
+        parallel_checks.check_link_fit(table, within=2.0)
+    with pytest.raises(AssertionError, match="no held-out size"):
+        parallel_checks.check_link_fit(table[table["role"] == "fitted"])
+
+
+def _steps(p: int, m: int, overlap: bool = True, t: float = 0.01) -> PipelineStats:
+    """GPipe's timeline of ``p`` equal stages and ``m`` micro-batches; without ``overlap`` each stage starts
+    only when the one before has finished every micro-batch (no pipelining at all)."""
+    if overlap:
+        spans = [[((s + i) * t, (s + i + 1) * t) for i in range(m)] for s in range(p)]
+    else:
+        spans = [[((s * m + i) * t, (s * m + i + 1) * t) for i in range(m)] for s in range(p)]
+    return PipelineStats([StepTimeline(spans)] * 2)
+
+
+def test_bubble_band_holds_on_gpipes_schedule():
+    table = parallel_runs.bubble_table({m: _steps(2, m) for m in (1, 2, 4)})
+    assert parallel_checks.check_bubble_band(table, within=0.2) == {1: (0.5, 0.5), 2: (0.333, 0.333), 4: (0.2, 0.2)}
+
+
+def test_bubble_band_fails_for_stages_that_never_overlap():
+    table = parallel_runs.bubble_table({m: _steps(2, m, overlap=False) for m in (1, 2, 4)})
+    assert table["bubble (measured)"].tolist() == pytest.approx([0.5, 0.5, 0.5])
+    with pytest.raises(AssertionError, match=r"outside \[predicted − 0.1, predicted \+ 0.2\]: \{4: \(0.2, 0.5\)\}"):
+        parallel_checks.check_bubble_band(table, within=0.2, below=0.1)
+    with pytest.raises(AssertionError, match="the bubble did not shrink with micro-batches"):
+        parallel_checks.check_bubble_band(table, within=0.5)

@@ -128,7 +128,8 @@ def test_served_checks_hold_on_a_server_with_admission(served):
     checks.check_goodput(served, ADMITTING, WITHOUT)
     fast = checks.check_fast_refusals(served, ADMITTING, SLO.ttft_s)
     assert fast["refusal p99 ms"] == 31.0 and fast["refused"] == 88
-    assert checks.check_all_accounted(served) == {"runs": 4, "requests": 366, "refused": 97}
+    lost = checks.check_nothing_lost(served, {ADMITTING: 1.02, WITHOUT: 1.1}, max_memory_growth=1.5)
+    assert lost == {"requests": 366, "refused": 97, "largest memory growth": 1.1}
 
 
 def test_fast_refusals_fail_when_refusals_wait_in_the_queue(served):
@@ -145,21 +146,22 @@ def test_fast_refusals_fail_when_refusals_wait_in_the_queue(served):
 @pytest.mark.parametrize(
     ("broken", "message"),
     [
-        ("lost", "136 outcomes for 137 requests sent"),  # a request that never came back, in no bucket
-        ("failed", "1 failed"),  # one ended in an error
-        ("server disagrees", "/metrics counted other outcomes than the client"),
+        ("failed", "deadline-aware at 3×: 1 failed"),  # one ended in an error
+        ("server disagrees", "deadline-aware at 3×: /metrics counted other outcomes than the client"),
+        ("memory grew", "no admission: server memory grew 2.40×, over 1.5×"),  # the excess queued in memory
     ],
 )
-def test_accounting_fails_when_a_request_is_lost_or_counted_differently(served, broken, message):
+def test_nothing_lost_fails_when_a_request_fails_is_counted_differently_or_memory_grows(served, broken, message):
     row = served.index[(served["policy"] == ADMITTING) & (served["load_multiple"] == 3.0)][0]
-    if broken == "lost":
-        served.loc[row, "succeeded"] -= 1
-    elif broken == "failed":
+    growth = {ADMITTING: 1.02, WITHOUT: 1.1}
+    if broken == "failed":
         served.loc[row, ["succeeded", "failed"]] = [48, 1]
-    else:
+    elif broken == "server disagrees":
         served.loc[row, "server_accounted"] = False
-    with pytest.raises(AssertionError, match=f"deadline-aware at 3×: {message}"):
-        checks.check_all_accounted(served)
+    else:
+        growth[WITHOUT] = 2.4
+    with pytest.raises(AssertionError, match=message):
+        checks.check_nothing_lost(served, growth, max_memory_growth=1.5)
 
 
 # --- the retry storm ------------------------------------------------------------------------------------------

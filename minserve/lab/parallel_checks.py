@@ -8,7 +8,9 @@ that keeps a whole matrix fails :func:`check_rank_memory`; stages that do not wa
 work at once, fail :func:`check_pipeline_schedule`; replicas that share a cache, or a prefix-aware router
 that spreads a prefix, fail :func:`check_routing`; an expert-parallel layer that drops a rank's pairs or
 counts the rows it keeps as sent fails :func:`check_expert_parallel`; a planner that counts only a mixture's
-active experts, or does not divide the weights among the ranks, fails :func:`check_memory_fit`.
+active experts, or does not divide the weights among the ranks, fails :func:`check_memory_fit`; a link whose
+cost is not latency plus bytes over bandwidth fails :func:`check_link_fit`; stages that never overlap fail
+:func:`check_bubble_band`.
 """
 
 from __future__ import annotations
@@ -191,3 +193,35 @@ def check_memory_fit(table: pd.DataFrame, tolerance: float = 0.01) -> dict:
     _require(not row("Mixtral-8x7B", 1)["weights fit"], "Mixtral-8x7B's 93 GB (every expert) fit one 80 GB GPU?")
     _require(bool(row("Mixtral-8x7B", 2)["weights fit"]), "Mixtral-8x7B should fit two 80 GB GPUs")
     return {f"{m} TP{tp}": int(row(m, tp)["sequences"]) for m in PUBLISHED_PARAMS for tp in (1, 2)}
+
+
+def check_link_fit(table: pd.DataFrame, within: float = 2.0) -> dict:
+    """The α–β model, fitted on two sizes, predicts the all-reduces it was not fitted on (``role`` "held
+    out" in :func:`minserve.lab.parallel_link.link_table`) within a factor ``within`` of their measured
+    time. A link whose cost is not a fixed latency plus bytes over a bandwidth (a protocol that switches at
+    some size, a queue that builds with the message) fails. Returns predicted / measured per held-out size."""
+    held = table[table["role"] == "held out"]
+    _require(not held.empty, "no held-out size: a fit through every point cannot be wrong")
+    ratios = held["predicted / measured"]
+    off = ratios[(ratios > within) | (ratios < 1 / within)]
+    _require(off.empty, f"the α–β fit predicts held-out all-reduces of {list(off.index)} bytes at "
+                        f"{[round(r, 2) for r in off]} × their measured time, not within ×{within:g}")  # fmt: skip
+    return {f"{size:,} B": round(float(r), 2) for size, r in ratios.items()}
+
+
+def check_bubble_band(table: pd.DataFrame, within: float = 0.2, below: float = 0.1) -> dict:
+    """Each measured bubble (:func:`minserve.lab.parallel_runs.bubble_table`) sits in a band around GPipe's
+    ``(p − 1) / (m + p − 1)``: at most ``within`` above it (unequal stages, hand-offs and a shared CPU add
+    idle time) and at most ``below`` under it (micro-batches that took unequal time, as on a busy CPU, can
+    overlap better than the formula's equal ones). And more micro-batches left a smaller bubble than one
+    did. Stages that never overlap keep the one-micro-batch bubble at every ``m`` and fail. Returns
+    (predicted, measured) per micro-batch count."""
+    predicted, measured = table["bubble (predicted)"], table["bubble (measured)"]
+    off = [m for m in table.index if not predicted[m] - below <= measured[m] <= predicted[m] + within]
+    pairs = {m: (round(float(predicted[m]), 3), round(float(measured[m]), 3)) for m in off}
+    _require(not off, f"bubble (predicted, measured) outside [predicted − {below:g}, predicted + {within:g}]: {pairs}")
+    fewest, most = min(table.index), max(table.index)
+    _require(most == fewest or measured[most] < measured[fewest],
+             f"the bubble did not shrink with micro-batches: {measured[fewest]:.3f} at m = {fewest}, "
+             f"{measured[most]:.3f} at m = {most}")  # fmt: skip
+    return {int(m): (round(float(predicted[m]), 3), round(float(measured[m]), 3)) for m in table.index}

@@ -6,7 +6,10 @@ and returns the numbers it compared. Each fails on an engine without the propert
 shows it): one sequence per step fails :func:`check_batching`, chunking off fails
 :func:`check_chunked_prefill`, a cost model that leaves out prompt tokens fails
 :func:`check_stall_prediction`, memory to spare fails :func:`check_preemption`, FCFS or no deadline fails
-:func:`check_priorities`.
+:func:`check_priorities`, an engine that runs a batch's sequences one after another fails
+:func:`check_step_shared`, a simulator off the engine fails :func:`check_simulator_agrees`, shortest-first
+that is FCFS under another name fails :func:`check_overload_order`, aging that does not age fails
+:func:`check_aging`, a playground whose chunking switch does nothing fails :func:`check_playground_chunking`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from minserve.capacity.cost_model import StepCostModel, StepFeatures
+from minserve.capacity.profiler import DecodePoint
 from minserve.engine.core import ScheduledSeq
 from minserve.lab.engine_runs import RUNNING_STATES, EngineRun
 
@@ -66,12 +70,17 @@ def check_batching(
 
 
 def check_chunked_prefill(
-    chunked: EngineRun, whole: EngineRun, decode_ids: Sequence[str], budget: int, long_prompt: int
+    chunked: EngineRun,
+    whole: EngineRun,
+    decode_ids: Sequence[str],
+    budget: int,
+    long_prompt: int,
+    itl_ratio: float = 3.0,
 ) -> dict[str, Any]:
     """With chunking, the largest step carries exactly the budget (chunks fill what the decodes leave); without,
     one step carries the whole prompt beside every running decode (``long_prompt + len(decode_ids)`` tokens).
     In both, each running decode got a token at every step; without chunks, one of those steps stalled them:
-    the decodes' p99 inter-token latency is over 3 × the chunked run's."""
+    the decodes' p99 inter-token latency is over ``itl_ratio`` × the chunked run's."""
     largest = {"chunked": int(chunked.steps["tokens"].max()), "whole": int(whole.steps["tokens"].max())}
     _require(largest["chunked"] == budget, f"chunked: the largest step ran {largest['chunked']} tokens, not {budget}")
     expected_whole = long_prompt + len(decode_ids)
@@ -81,7 +90,10 @@ def check_chunked_prefill(
             _require(bool(np.all(np.diff(run.token_steps[rid]) == 1)), f"{label}: request {rid} skipped a step")
     p99 = {label: float(np.percentile(run.itl_ms(decode_ids)["itl_ms"], 99))
            for label, run in (("chunked", chunked), ("whole", whole))}  # fmt: skip
-    _require(p99["whole"] > 3 * p99["chunked"], f"p99 ITL: {p99['whole']:.1f} ms whole, {p99['chunked']:.1f} chunked")
+    _require(
+        p99["whole"] > itl_ratio * p99["chunked"],
+        f"p99 ITL: {p99['whole']:.1f} ms whole, {p99['chunked']:.1f} chunked: not over ×{itl_ratio:g}",
+    )
     return {"largest_step_tokens": largest, "itl_p99_ms": p99}
 
 
@@ -210,3 +222,121 @@ def check_priorities(
     waited = table["waiting ms"]
     _require(waited[list(last_round)].min() > waited[list(first_round)].max(), "the last round did not wait longest")
     return {"urgent_ttft_steps": {k: float(v["TTFT steps"]) for k, v in ttft.items()}, "deadline_waited_s": waited_s}
+
+
+# --- the step is shared -------------------------------------------------------------------------------------
+
+
+def check_step_shared(points: Sequence[DecodePoint], at_most: float = 2.0) -> dict[str, float]:
+    """A decode step of the largest batch measured (``points``: :func:`minserve.capacity.profiler.profile_decode`
+    at batch 1 and at ``B``) took at most ``at_most`` × the step of batch 1: whatever a step costs (here a
+    fixed per-step overhead; on a large model, reading the weights), the batch shares it, so a token costs
+    about ``1 / B`` of a lone one. An engine that ran the sequences one after another would take ``B`` ×.
+    Returns each batch's step and per-token ms."""
+    by_batch = {p.batch: p.step_s for p in points}
+    _require(1 in by_batch and len(by_batch) >= 2, f"need batch 1 and a larger batch, got {sorted(by_batch)}")
+    largest = max(by_batch)
+    ratio = by_batch[largest] / by_batch[1]
+    _require(
+        ratio <= at_most,
+        f"a step of {largest} sequences took {ratio:.2f} × a step of one ({by_batch[largest] * 1e3:.1f} ms vs "
+        f"{by_batch[1] * 1e3:.1f} ms): over ×{at_most:g}, the batch did not share the step",
+    )
+    return {f"batch {b}: step ms": round(t * 1e3, 2) for b, t in sorted(by_batch.items())} | {
+        f"batch {b}: ms per token": round(t * 1e3 / b, 2) for b, t in sorted(by_batch.items())
+    }
+
+
+# --- the simulator, the sweep, starvation, the playground ---------------------------------------------------
+
+
+def check_simulator_agrees(
+    measured: Mapping[str, Any],
+    simulated: Mapping[str, Any],
+    within: float = 2.5,
+    keys: Sequence[str] = ("ttft_ms", "tpot_ms"),
+) -> dict[str, float]:
+    """The simulator's p50 of each of ``keys`` (summaries of :meth:`SimResult.summary` and
+    :meth:`EngineRun.summary`, same requests) is within a factor ``within`` of the engine's. Returns the
+    ratios simulated / measured."""
+    ratios = {key: simulated[key]["p50"] / measured[key]["p50"] for key in keys}
+    off = {k: round(r, 2) for k, r in ratios.items() if not 1 / within < r < within}
+    _require(not off, f"simulated / measured p50: {off}, not within ×{within:g}")
+    return {k: round(r, 2) for k, r in ratios.items()}
+
+
+def check_overload_order(sweep: pd.DataFrame, rate_rps: float, shortest_first: str, fcfs: str) -> dict[str, float]:
+    """At ``rate_rps`` (past capacity), ``shortest_first`` (no aging) gave more goodput than ``fcfs``, and its
+    long requests' longest TTFT is longer: the order buys goodput from the long prompts' tail. Returns both
+    policies' goodput and longest long-request TTFT."""
+    rows = sweep[sweep["rate_rps"] == rate_rps].set_index("policy")
+    _require({shortest_first, fcfs} <= set(rows.index), f"no rows for {shortest_first!r} and {fcfs!r} at {rate_rps}")
+    spf, first = rows.loc[shortest_first], rows.loc[fcfs]
+    _require(
+        spf["goodput_rps"] > first["goodput_rps"],
+        f"at {rate_rps:g} req/s {shortest_first} gave {spf['goodput_rps']:.2f} req/s of goodput, "
+        f"{fcfs} {first['goodput_rps']:.2f}",
+    )
+    _require(
+        spf["ttft_long_max_ms"] > first["ttft_long_max_ms"],
+        f"{shortest_first}'s long requests waited no longer than under {fcfs}: no price was paid",
+    )
+    return {
+        f"{shortest_first} goodput": round(float(spf["goodput_rps"]), 2),
+        f"{fcfs} goodput": round(float(first["goodput_rps"]), 2),
+        f"{shortest_first} long TTFT max ms": round(float(spf["ttft_long_max_ms"])),
+        f"{fcfs} long TTFT max ms": round(float(first["ttft_long_max_ms"])),
+    }
+
+
+def check_aging(
+    first_token_s: Mapping[str, float],
+    waited_steps: Mapping[str, int],
+    stream_ends_s: float,
+    aged: str,
+    unaged: str,
+    bound_steps: float,
+    within: float = 2.0,
+) -> dict[str, int]:
+    """Under a stream of short requests, the ``unaged`` policy gave the long prompt its first token only after
+    the stream ended (starvation); the ``aged`` one made it wait fewer steps, and at most ``within`` × the
+    aging bound ``bound_steps`` (the wait after which it outranks any newcomer). Returns the steps waited."""
+    _require(
+        first_token_s[unaged] > stream_ends_s,
+        f"{unaged}: the long prompt's first token at {first_token_s[unaged]:.2f} s, before the stream ended "
+        f"({stream_ends_s:.2f} s): it did not starve",
+    )
+    _require(
+        waited_steps[aged] < waited_steps[unaged],
+        f"{aged} made the long prompt wait {waited_steps[aged]} steps, {unaged} {waited_steps[unaged]}",
+    )
+    _require(
+        waited_steps[aged] <= within * bound_steps,
+        f"{aged}: the long prompt waited {waited_steps[aged]} steps, over {within:g} × the aging bound "
+        f"({bound_steps:.0f} steps)",
+    )
+    return {aged: int(waited_steps[aged]), unaged: int(waited_steps[unaged])}
+
+
+def check_playground_chunking(
+    chunked: Mapping[str, Any], unchunked: Mapping[str, Any], budget: int, long_prompt: int, itl_ratio: float = 2.0
+) -> dict[str, float]:
+    """In the playground (:func:`minserve.lab.playground.playground_result`), chunked prefill kept every step
+    within the ``budget``; turned off, a step carried at least a whole ``long_prompt``, and the running
+    decodes' p99 inter-token latency grew over ``itl_ratio`` ×. Returns the largest steps and p99 ITLs."""
+    _require(chunked["max_step_tokens"] <= budget, f"chunked: a step of {chunked['max_step_tokens']} > {budget} tokens")
+    _require(
+        unchunked["max_step_tokens"] >= long_prompt,
+        f"unchunked: the largest step ran {unchunked['max_step_tokens']} tokens, under a {long_prompt}-token prompt",
+    )
+    p99 = {"chunked": chunked["itl_ms"]["p99"], "unchunked": unchunked["itl_ms"]["p99"]}
+    _require(
+        p99["unchunked"] > itl_ratio * p99["chunked"],
+        f"p99 ITL {p99['unchunked']:.1f} ms unchunked, {p99['chunked']:.1f} chunked: not over ×{itl_ratio:g}",
+    )
+    return {
+        "largest step, chunked": chunked["max_step_tokens"],
+        "largest step, unchunked": unchunked["max_step_tokens"],
+        "p99 ITL ms, chunked": round(p99["chunked"], 1),
+        "p99 ITL ms, unchunked": round(p99["unchunked"], 1),
+    }
