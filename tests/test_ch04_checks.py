@@ -68,6 +68,43 @@ def test_paging_check_fails_on_a_leaked_or_extra_block(paging):
         kv_checks.check_paging(leaked, 16, 512)
 
 
+def test_paging_check_fails_when_a_reservation_keeps_the_contiguous_share(paging):
+    usage, _ = paging
+    result = kv_checks.check_paging(usage, block_size=16, max_model_len=512, share_at_most=0.5)
+    assert result["paged_share_of_contiguous"] <= 0.5
+    # A server that reserved max_model_len slots for each sequence holds the whole contiguous share.
+    reserved = usage.copy()
+    reserved["used_blocks"] = reserved["running"] * (512 // 16)
+    reserved["seq_tokens"] = reserved["running"].map(lambda n: [512] * n)
+    with pytest.raises(AssertionError, match="contiguous reservation"):
+        kv_checks.check_paging(reserved, block_size=16, max_model_len=512, share_at_most=0.5)
+
+
+# --- bytes per token ------------------------------------------------------------------------------------------
+
+
+def test_bytes_per_token_check_holds_on_the_presets_and_fails_on_a_wrong_config():
+    from minserve import capacity
+
+    published = {"Llama-2-7B": 524_288, "Llama-3-8B": 131_072, "Llama-3-70B": 327_680}
+    computed = {name: capacity.kv_bytes_per_token_preset(name, "bfloat16") for name in published}
+    assert kv_checks.check_bytes_per_token(computed, published) == published
+    # A formula that forgot grouped-query attention (a KV head per query head) triples Llama-3's bytes.
+    without_gqa = computed | {"Llama-3-8B": 131_072 * 4}
+    with pytest.raises(AssertionError, match="Llama-3-8B"):
+        kv_checks.check_bytes_per_token(without_gqa, published)
+
+
+def test_pool_bytes_check_holds_on_the_engine_and_fails_on_a_hidden_allocation():
+    from minserve import capacity
+
+    llm = _llm(block_size=16, num_kv_blocks=8)
+    stats, per_token = llm.stats(), capacity.kv_bytes_per_token(llm.model_config, "float32")
+    kv_checks.check_pool_bytes(stats["kv_cache_bytes"], stats["kv_blocks_total"], 16, per_token)
+    with pytest.raises(AssertionError, match="allocated"):
+        kv_checks.check_pool_bytes(stats["kv_cache_bytes"] + 1, stats["kv_blocks_total"], 16, per_token)
+
+
 # --- the prefix cache -----------------------------------------------------------------------------------------
 
 
@@ -108,6 +145,17 @@ def test_prefix_cache_check_fails_on_a_wrong_hit_rate(served_with_cache):
     outputs, hit_rate = served_with_cache
     with pytest.raises(AssertionError, match="hit rate"):
         kv_checks.check_prefix_cache(outputs, hit_rate - 0.05, block_size=16)
+
+
+def test_cache_changes_only_work_and_fails_when_off_is_not_off_or_answers_change(served_with_cache):
+    outputs, hit_rate = served_with_cache
+    plain, hit_off = _served(False)
+    kv_checks.check_cache_changes_only_work(outputs, plain, hit_rate_off=hit_off)
+    with pytest.raises(AssertionError, match="cache off still hit"):  # "off" that still cached
+        kv_checks.check_cache_changes_only_work(outputs, outputs, hit_rate_off=hit_rate)
+    swapped = [plain[1], plain[0], *plain[2:]]  # a cache that served one request another's answer
+    with pytest.raises(AssertionError, match="answers differ"):
+        kv_checks.check_cache_changes_only_work(outputs, swapped, hit_rate_off=0.0)
 
 
 # --- eviction -------------------------------------------------------------------------------------------------

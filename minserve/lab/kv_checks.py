@@ -11,7 +11,7 @@ one that reuses the most recently freed block first :func:`check_eviction`, one 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -38,11 +38,14 @@ def predicted_used_blocks(usage: pd.DataFrame, block_size: int) -> pd.Series:
     return usage["seq_tokens"].map(lambda tokens: sum(blocks_for(t, block_size) for t in tokens))
 
 
-def check_paging(usage: pd.DataFrame, block_size: int, max_model_len: int) -> dict[str, Any]:
+def check_paging(
+    usage: pd.DataFrame, block_size: int, max_model_len: int, share_at_most: float | None = None
+) -> dict[str, Any]:
     """At every step, the blocks in use equal Σ⌈tokensᵢ / block_size⌉ over the running sequences (so the only
     waste is each sequence's last, partly filled block: under ``block_size`` slots), and they are back to
-    zero at the end. Returns the busiest step's numbers: tokens stored, blocks, and the share of a contiguous
-    reservation (``max_model_len`` slots per running sequence) that paging used."""
+    zero at the end. With ``share_at_most``, the busiest step also held at most that share of what a
+    contiguous reservation (``max_model_len`` slots per running sequence) would. Returns the busiest step's
+    numbers: tokens stored, blocks, and that share."""
     predicted = predicted_used_blocks(usage, block_size)
     wrong = usage[usage["used_blocks"] != predicted]
     _require(
@@ -53,13 +56,40 @@ def check_paging(usage: pd.DataFrame, block_size: int, max_model_len: int) -> di
     )
     _require(usage["used_blocks"].iloc[-1] == 0, f"{usage['used_blocks'].iloc[-1]} blocks still held at the end")
     busiest = usage.loc[usage["stored_tokens"].idxmax()]
+    share = busiest["used_blocks"] * block_size / (busiest["running"] * max_model_len)
+    if share_at_most is not None:
+        _require(
+            share <= share_at_most,
+            f"at the busiest step paging held {share:.0%} of a contiguous reservation, over {share_at_most:.0%}",
+        )
     return {
         "busiest_step": int(busiest["step"]),
         "stored_tokens": int(busiest["stored_tokens"]),
         "used_blocks": int(busiest["used_blocks"]),
-        "paged_share_of_contiguous": busiest["used_blocks"] * block_size / (busiest["running"] * max_model_len),
+        "paged_share_of_contiguous": share,
         "max_waste_slots": int((usage["used_blocks"] * block_size - usage["stored_tokens"]).max()),
     }
+
+
+# --- bytes per token ------------------------------------------------------------------------------------------
+
+
+def check_bytes_per_token(computed: Mapping[str, int], published: Mapping[str, int]) -> dict[str, int]:
+    """The formula 2 × L × H_kv × d_head × b, computed from each model's configuration (``computed``), gives the
+    published 16-bit figure (``published``) for every model, byte for byte."""
+    wrong = {
+        name: (computed.get(name), expected) for name, expected in published.items() if computed.get(name) != expected
+    }
+    _require(not wrong, f"bytes per token (computed, published) differ: {wrong}")
+    return dict(computed)
+
+
+def check_pool_bytes(kv_cache_bytes: int, num_blocks: int, block_size: int, bytes_per_token: int) -> int:
+    """The KV tensors the engine allocated are exactly ``num_blocks × block_size`` tokens of the formula's size:
+    nothing hidden beside them, nothing missing. Returns the bytes."""
+    expected = num_blocks * block_size * bytes_per_token
+    _require(kv_cache_bytes == expected, f"the engine allocated {kv_cache_bytes:,} KV bytes, the formula {expected:,}")
+    return kv_cache_bytes
 
 
 # --- the prefix cache -------------------------------------------------------------------------------------------
@@ -100,6 +130,17 @@ def check_prefix_cache(
         f"hit rate: measured {measured_hit_rate:.3f}, predicted {predicted_rate:.3f}",
     )
     return {"predicted_hit_rate": predicted_rate, "measured_hit_rate": measured_hit_rate, "cached_tokens": measured}
+
+
+def check_cache_changes_only_work(
+    with_cache: Sequence[RequestOutput], without_cache: Sequence[RequestOutput], hit_rate_off: float
+) -> None:
+    """Prefix caching off finds nothing (hit rate 0, no cached token in any request), and the cache changes
+    no answer: the same prompts give the same tokens with it on and off (greedy decoding)."""
+    cached_off = [o.num_cached_tokens for o in without_cache]
+    _require(hit_rate_off == 0 and not any(cached_off), f"cache off still hit: {hit_rate_off}, {cached_off}")
+    differ = [i for i, (a, b) in enumerate(zip(with_cache, without_cache)) if a.token_ids != b.token_ids]
+    _require(not differ and len(with_cache) == len(without_cache), f"answers differ with the cache on: {differ}")
 
 
 # --- eviction -----------------------------------------------------------------------------------------------
