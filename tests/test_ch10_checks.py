@@ -148,6 +148,32 @@ def test_knee_check_says_when_the_machine_was_busy():
     assert checks.knee_problems(summaries, offered, CAPACITY, N, BASE_TTFT_MS, capacity_tpot_ms=4.0) == []
 
 
+def test_knee_check_judges_each_run_at_the_speed_the_machine_ran_it():
+    # Another process took CPU during the sweep: decode steps 1.7× slower than when λ* was measured, so the
+    # saturated rate is λ* / 1.7. Against the unscaled λ* that looks like a collapse; at the sweep's own speed
+    # it is the knee, exactly where it should be.
+    slowed = [0.24 * CAPACITY, 0.47 * CAPACITY, 0.55 * CAPACITY, CAPACITY / 1.7, CAPACITY / 1.7]
+    summaries, offered = _sweep(slowed)
+    for summary in summaries:
+        summary["tpot_ms"] = {"p50": 4.0 * 1.7}
+    assert len(_knee(summaries, offered)) == 2  # without the closed loop's TPOT: both runs out of the band
+    assert checks.knee_problems(summaries, offered, CAPACITY, N, BASE_TTFT_MS, capacity_tpot_ms=4.0) == []
+    # A server that stops at half its capacity at an unchanged decode speed still fails.
+    for summary in summaries:
+        summary["tpot_ms"] = {"p50": 4.0}
+    assert len(checks.knee_problems(summaries, offered, CAPACITY, N, BASE_TTFT_MS, capacity_tpot_ms=4.0)) == 2
+
+
+def test_knee_check_says_when_the_machine_was_busy_while_capacity_was_measured():
+    # λ* measured while another process held the CPU: the sweep's full batches step 3× faster, so the "knee"
+    # at 2 λ* is not a knee at all. The check fails, and says why.
+    summaries, offered = _sweep([f * CAPACITY for f in (0.25, 0.5, 1.0, 1.9, 1.6)])
+    for summary in summaries:
+        summary["tpot_ms"] = {"p50": 4.0 / 3}
+    problems = checks.knee_problems(summaries, offered, CAPACITY, N, BASE_TTFT_MS, capacity_tpot_ms=4.0)
+    assert problems[0].startswith("the engine's decode steps ran 3.0× faster than when λ* was measured")
+
+
 def test_knee_check_needs_a_run_past_twice_the_capacity():
     summaries, offered = _sweep([0.24 * CAPACITY, 0.47 * CAPACITY, 0.9 * CAPACITY, CAPACITY, CAPACITY])
     assert "no run reached twice the capacity" in " ".join(_knee(summaries[:3], offered[:3]))
@@ -273,3 +299,140 @@ def test_quality_check_passes_identical_answers_and_fails_mixed_up_ones():
     assert failures.quality_problems(failures.output_agreement([], [])) == ["no ok answer to compare"]
     with pytest.raises(ValueError, match="2 ok rows but 1 offline texts"):
         failures.output_agreement(_served(offline[:2]), offline[:1])
+
+
+def test_quality_threshold_is_passed_from_the_cell():
+    offline = [f"x{i}" for i in range(20)]
+    drifted = failures.output_agreement(_served(["?", *offline[1:]]), offline)  # 19 of 20 equal
+    assert failures.check_answers_agree(drifted, at_least=0.95) == 0.95
+    with pytest.raises(AssertionError, match="need 100%"):  # a batch-invariant engine would be held to all of them
+        failures.check_answers_agree(drifted, at_least=1.0)
+
+
+# --- coordinated omission ----------------------------------------------------------------------------------------
+
+
+def _omission_rows(workers: int | None, stamp_late_sends_as_intended: bool = False):
+    """Rows for 24 requests arriving at 3 λ* (every 1/15 s) at a server with SLOTS slots of TURN_S each.
+
+    ``workers=None``: an open-loop client, sending on time, so the queue is in the server. ``workers=k``: a
+    closed loop of k workers walking the same timetable, so a request leaves only when a worker is free and
+    never waits in the server. ``stamp_late_sends_as_intended``: that closed loop, writing its late send as
+    the intended one (what a load tester that hides the omission from its own records does).
+    """
+    intended = [i / (3 * CAPACITY) for i in range(24)]
+    free = [0.0] * (workers or SLOTS)  # when each worker (or, open loop, each server slot) is next free
+    rows = []
+    for i, t in enumerate(intended):
+        k = min(range(len(free)), key=free.__getitem__)
+        sent = max(t, free[k]) if workers else t
+        start = max(sent, free[k])
+        free[k] = start + TURN_S
+        chunks = [start + 0.05 + 0.03 * j for j in range(20)]
+        rows.append({"run": "open loop" if workers is None else "closed loop", "index": i, "status": "ok",
+                     "intended_s": sent if stamp_late_sends_as_intended else t, "sent_s": sent,
+                     "chunk_times_s": chunks, "end_s": start + TURN_S, "output_tokens": 20})  # fmt: skip
+    return rows
+
+
+def _co_table(closed_rows):
+    from minserve.lab import loadtest_tables as tables
+
+    return tables.coordinated_omission_table([*_omission_rows(None), *closed_rows])
+
+
+def test_sent_on_time_passes_an_open_loop_and_fails_a_closed_one():
+    assert checks.check_sent_on_time(_omission_rows(None), max_lag_ms=50) == 0
+    with pytest.raises(AssertionError, match="requests left over 50 ms late"):
+        checks.check_sent_on_time(_omission_rows(SLOTS), max_lag_ms=50)
+
+
+def test_omission_check_passes_when_the_wait_moved_into_the_client():
+    medians = checks.check_omission_shown(
+        _co_table(_omission_rows(SLOTS)), "open loop", "closed loop", hidden_at_least=1.5, moved_at_least=0.5
+    )
+    assert medians["closed intended"] >= medians["open"] > 1.5 * medians["closed actual"]
+
+
+def test_omission_check_fails_a_closed_loop_that_hides_the_wait_in_its_records():
+    hidden = _co_table(_omission_rows(SLOTS, stamp_late_sends_as_intended=True))
+    with pytest.raises(AssertionError, match="its records hide the wait"):
+        checks.check_omission_shown(hidden, "open loop", "closed loop", hidden_at_least=1.5, moved_at_least=0.5)
+
+
+def test_omission_check_fails_when_nothing_queued():
+    from minserve.lab import loadtest_tables as tables
+
+    calm = [row | {"run": "closed loop"} for row in _omission_rows(None)[:SLOTS]]  # four requests: no queue
+    table = tables.coordinated_omission_table([*_omission_rows(None)[:SLOTS], *calm])
+    with pytest.raises(AssertionError, match="no omission to see"):
+        checks.check_omission_shown(table, "open loop", "closed loop", hidden_at_least=1.5, moved_at_least=0.5)
+
+
+# --- goodput recomputed from raw records ----------------------------------------------------------------------
+
+
+def test_goodput_recomputed_agrees_with_the_load_tester_and_catches_a_wrong_summary():
+    summary, rows = _failure_run(refused=6, timed_out=3)
+    runs = {"rate=15": (rows, summary["duration_s"], summary["goodput_rps"])}
+    recomputed = checks.check_goodput_recomputed(runs, ttft_s=CHAT.ttft_s, tpot_s=CHAT.tpot_s)
+    assert recomputed["rate=15"] == pytest.approx(summary["ok"] / summary["duration_s"])
+    # A summary that counted every request it sent as good (the 429s and timeouts included):
+    inflated = {"rate=15": (rows, summary["duration_s"], 20 / summary["duration_s"])}
+    with pytest.raises(AssertionError, match="reported"):
+        checks.check_goodput_recomputed(inflated, ttft_s=CHAT.ttft_s, tpot_s=CHAT.tpot_s)
+    # And one whose TPOT target the requests miss: the records say none was good.
+    with pytest.raises(AssertionError, match="reported"):
+        checks.check_goodput_recomputed(runs, ttft_s=CHAT.ttft_s, tpot_s=0.001)
+
+
+# --- the other checks of the cell --------------------------------------------------------------------------------
+
+
+def test_prompt_tokens_check_fails_a_load_tester_with_another_tokenizer():
+    rows = [{"index": i, "prompt_tokens": 10 + i} for i in range(4)]
+    checks.check_prompt_tokens(rows, [10, 11, 12, 13])
+    with pytest.raises(AssertionError, match="differ"):
+        checks.check_prompt_tokens(rows, [12, 14, 15, 17])  # counted in words, or by another tokenizer
+
+
+def test_server_queue_check_fails_when_the_wait_is_not_in_the_server():
+    knee = pd.DataFrame({"server queue ms": [2.0, 900.0], "TTFT p50": [40.0, 1200.0]})
+    assert checks.check_wait_in_server_queue(knee, at_least=0.5) == 0.75
+    knee.loc[1, "server queue ms"] = 30.0  # the wait was somewhere else: the client, or the network
+    with pytest.raises(AssertionError, match="queued 30 ms"):
+        checks.check_wait_in_server_queue(knee, at_least=0.5)
+
+
+def test_prefix_hits_check_fails_without_a_cache():
+    hits = pd.DataFrame({"hit rate": [0.02, 0.8], "TTFT p50": [90.0, 40.0]}, index=["plain", "shared"])
+    checks.check_prefix_hits(hits, "shared", "plain", shared_at_least=0.7, unshared_at_most=0.1)
+    no_cache = pd.DataFrame({"hit rate": [0.0, 0.0], "TTFT p50": [90.0, 88.0]}, index=["plain", "shared"])
+    with pytest.raises(AssertionError, match="shared: hit rate 0.00"):
+        checks.check_prefix_hits(no_cache, "shared", "plain", shared_at_least=0.7, unshared_at_most=0.1)
+
+
+def _cancel_summary(aborted: int, kv: float = 0.0):
+    server = {'request_success_total{finished_reason="abort"}': float(aborted), "kv_cache_usage_perc": kv,
+              "num_requests_running": 0.0}  # fmt: skip
+    return {"cancelled": 2, "server": server}
+
+
+def test_cancellation_check_fails_a_server_that_keeps_working_for_clients_gone():
+    rows = [{"status": "cancelled", "chunk_times_s": [0.1, 0.2, 0.3, 0.4]}] * 2 + [
+        {"status": "ok", "chunk_times_s": []}
+    ]
+    assert checks.check_cancellations(_cancel_summary(2), rows, after_chunks=4) == 2
+    with pytest.raises(AssertionError, match="server aborted 0"):
+        checks.check_cancellations(_cancel_summary(0), rows, after_chunks=4)
+    with pytest.raises(AssertionError, match="KV usage 0.25"):
+        checks.check_cancellations(_cancel_summary(2, kv=0.25), rows, after_chunks=4)
+
+
+def test_bundle_check_fails_a_bundle_that_lost_records_or_loads_from_the_network():
+    groups = {"rate=1": [{}] * 48, "rate=2": [{}] * 48}
+    checks.check_bundle_complete(groups, sent_per_run=48, report_html="<html><script>x</script></html>")
+    with pytest.raises(AssertionError, match="records per run"):
+        checks.check_bundle_complete(groups | {"rate=4": [{}] * 40}, 48, "<html></html>")
+    with pytest.raises(AssertionError, match="network"):
+        checks.check_bundle_complete(groups, 48, '<script src="https://cdn.plot.ly/plotly.js"></script>')
