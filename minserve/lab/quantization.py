@@ -75,22 +75,50 @@ def kl_figure(quality: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def allocated_kv_bytes(llm: LLM) -> int:
+    """Bytes of every tensor the engine allocated for its KV cache: the codes (or floats) of every layer,
+    and an 8-bit cache's scales. Read off the tensors themselves, not computed from dtype sizes."""
+    engine = llm.engine
+    tensors = list(engine.runner.kv_caches) + list(engine.kv_scales or [])
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def kv_capacity_table(
     model: str, budget_bytes: int, kv_dtypes: Sequence[str] = ("auto", "int8", "fp8")
 ) -> pd.DataFrame:
-    """Tokens the same KV memory holds in each cache format, from the engine's own block counts."""
+    """Tokens the same KV memory holds in each cache format, from the engine's own block counts, and the
+    bytes per cached token the engine really allocated (codes and scales over the tokens they hold)."""
     rows = []
     for kv_dtype in kv_dtypes:
         llm = LLM(model, kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=budget_bytes, enable_tracing=False)
         stats, block = llm.stats(), llm.engine.config.block_size
+        tokens = stats["kv_blocks_total"] * block
         rows.append({
             "KV cache": kv_dtype if kv_dtype != "auto" else str(llm.dtype).removeprefix("torch."),
-            "bytes/token": llm.engine.kv_bytes_per_token(),
             "blocks": stats["kv_blocks_total"],
-            "tokens": stats["kv_blocks_total"] * block,
+            "tokens": tokens,
+            "allocated (MiB)": allocated_kv_bytes(llm) / 2**20,
+            "allocated bytes/token": allocated_kv_bytes(llm) / tokens,
         })  # fmt: skip
         del llm
     return pd.DataFrame(rows).set_index("KV cache")
+
+
+KERNEL_OF = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int4": "int4-g32"}  # engine format → its kernel
+
+
+def kernel_rates(streaming: pd.DataFrame, layer: str, kernel_of: dict[str, str] = KERNEL_OF) -> dict[str, float]:
+    """GB/s each engine format's one-row kernel streamed ``layer``'s weight at (``kernel_streaming``'s table)."""
+    return {f: float(streaming.loc[(layer, k), "GB/s"]) for f, k in kernel_of.items()}
+
+
+def streaming_figure(streaming: pd.DataFrame, bandwidth_bytes_per_s: float) -> go.Figure:
+    """GB/s each kernel streamed its weight at, one bar per kernel, beside the measured memory bandwidth."""
+    rows = streaming.reset_index()
+    fig = go.Figure(go.Bar(x=rows["kernel"], y=rows["GB/s"], text=rows["GB/s"].round(1), name="kernel"))
+    fig.add_hline(y=bandwidth_bytes_per_s / 1e9, line_dash="dash", annotation_text="memory bandwidth (copy)")
+    fig.update_layout(xaxis_title="one-row kernel", yaxis_title="weight streamed (GB/s)")
+    return fig
 
 
 def format_explorer(quality: pd.DataFrame, budget_bytes: int = 256 * 2**20):

@@ -8,7 +8,7 @@ tokens (:mod:`.agreement`) and the same greedy prompts.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -67,6 +67,7 @@ def compare_formats(
     prompts: Sequence[str] = PROMPTS,
     new_tokens: int = 48,
     progress: bool = False,
+    edits: Mapping[str, Callable[[LLM], None]] | None = None,
 ) -> list[FormatReport]:
     """float32 first, then each format, on ``max_tokens`` tokens of ``text`` (the held-out text by default)
     in windows of ``window_tokens``, and ``new_tokens`` greedy tokens from each prompt.
@@ -74,7 +75,10 @@ def compare_formats(
     A format is a weight format (a :meth:`QuantScheme.from_label` label: ``"int8"``, ``"int4-g32"``), a KV
     cache format (``"kv-int8"``, ``"kv-fp8"``: float32 weights), or both joined by ``+``
     (``"int4+kv-int8"``). With an 8-bit cache, every scored position attends to keys and values read back
-    from their codes (:func:`~minserve.model.kv_quant.logits_through_cache`), as when serving."""
+    from their codes (:func:`~minserve.model.kv_quant.logits_through_cache`), as when serving.
+
+    ``edits`` adds formats the engine cannot load by name: each label's callable changes a freshly loaded
+    float32 engine in place (W8A8, simulated: :func:`minserve.quant.activations.quantize_w8a8`)."""
     reference = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
     stream = torch.tensor(reference.tokenizer.encode(text or held_out_text())[:max_tokens])
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -104,6 +108,11 @@ def compare_formats(
         llm = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES, **format_options(label))
         reports.append(report(label, llm))
         del llm  # one changed model at a time beside the reference
+    for label, edit in (edits or {}).items():
+        llm = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
+        edit(llm)
+        reports.append(report(label, llm))
+        del llm
     return reports
 
 
