@@ -16,6 +16,7 @@ import torch
 from minserve import LLM, SamplingParams, slo
 from minserve.engine.core import EngineCore
 from minserve.engine.outputs import RequestMetrics, RequestOutput
+from minserve.engine.sampling_params import MIN_TIMEOUT_S
 from minserve.lab import contract, contract_checks
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n", "import os\n", "for line in open(path):"]
@@ -179,7 +180,8 @@ def test_batching_pays_fails_when_the_engine_has_one_seat(serial):
 
 
 def _with_deadlines(llm: LLM) -> tuple[list[RequestOutput], list[float | None]]:
-    deadlines = [None, 1e-9, None, None, 1e-9, None]  # 1 ns: passed before the first step can run
+    # The shortest deadline a request may carry (1 ms): it passes before the requests' many tokens can be made.
+    deadlines = [None, MIN_TIMEOUT_S, None, None, MIN_TIMEOUT_S, None]
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(LENGTHS))]
     return llm.generate(prompts, _params(), deadline_s=deadlines), deadlines
 
