@@ -63,12 +63,13 @@ def print_serve(results: dict, args) -> None:
     print(f"\n3. serve: {args.serve_prompt_len} prompt tokens, {args.serve_output_len} output tokens, SLO TTFT "
           f"{args.slo_ttft_ms:.0f} ms and TPOT {args.slo_tpot_ms:.0f} ms; Poisson {args.serve_prompts} requests per "
           f"rate, closed loop {args.serve_concurrency} at once\n")  # fmt: skip
-    print(f"{'server':<30}{'load':>8}{'ok':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"
+    width = max(len(server) for server in results) + 2
+    print(f"{'server':<{width}}{'load':>16}{'ok':>5}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"
           f"{'good/s':>8}{'out tok/s':>11}{'all tokens':>11}")  # fmt: skip
     for server, loads in results.items():
         for run in (run for runs in loads.values() for run in runs):
             ttft, tpot = run["ttft_ms"], run["tpot_ms"]
-            print(f"{server:<30}{run['label']:>8}{run['ok']:>5}{ttft['p50']:>10,.0f}{ttft['p99']:>10,.0f}"
+            print(f"{server:<{width}}{run['label']:>16}{run['ok']:>5}{ttft['p50']:>10,.0f}{ttft['p99']:>10,.0f}"
                   f"{tpot['p50']:>10,.1f}{tpot['p99']:>10,.1f}{run['goodput_rps']:>8.2f}"
                   f"{run['output_throughput_tps']:>11,.1f}{'yes' if run['complete'] else 'NO':>11}")  # fmt: skip
     print_serve_summary(results)
@@ -87,10 +88,11 @@ def print_serve_summary(results: dict, peer: str = "llama-server -np 8") -> None
     """The comparison table, each server's row with its ratio to ``peer`` (TPOT: lower is better)."""
     rows = {server: serve_summary(loads) for server, loads in results.items()}
     base = rows.get(peer)
-    print(f"\n{'server':<30}{'closed tok/s':>14}{'best good/s':>13}{'TPOT p50 at lowest rate':>25}")
+    width = max(len(server) for server in rows) + 2
+    print(f"\n{'server':<{width}}{'closed tok/s':>16}{'best good/s':>16}{'TPOT p50 at lowest rate':>25}")
     for server, row in rows.items():
         ratios = [row[k] / base[k] for k in row] if base else [math.nan] * 3
-        cells = [f"{row[k]:,.1f} ({ratio:.2f}×)" for k, ratio in zip(row, ratios)]
-        print(f"{server:<30}{cells[0]:>14}{cells[1]:>13}{cells[2]:>25}")
+        cells = [f"{row[k]:,.2f} ({ratio:.2f}×)" for k, ratio in zip(row, ratios)]
+        print(f"{server:<{width}}{cells[0]:>16}{cells[1]:>16}{cells[2]:>25}")
     if base:
         print(f"(ratios to {peer})")
