@@ -81,39 +81,17 @@ def mean_ttft_s(outputs: Sequence[RequestOutput]) -> float:
     return sum(o.metrics.ttft_s or 0.0 for o in outputs) / len(outputs)
 
 
-def mean_e2e_s(outputs: Sequence[RequestOutput]) -> float:
-    return sum(o.metrics.e2e_s or 0.0 for o in outputs) / len(outputs)
-
-
-def amdahl_speedup(share: float, phase_speedup: float) -> float:
-    """Whole-request speedup when a phase taking ``share`` of the latency runs ``phase_speedup``× faster and
-    the rest is unchanged: 1 / ((1 − share) + share / phase_speedup). The profile's share bounds the gain."""
-    if not 0 <= share <= 1 or phase_speedup <= 0:
-        raise ValueError(f"need 0 ≤ share ≤ 1 and phase_speedup > 0, got {share} and {phase_speedup}")
-    return 1 / ((1 - share) + share / phase_speedup)
-
-
 def prefix_reuse(with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int) -> Lever:
     """Mean TTFT of ``prompts`` sent one at a time, with the prefix cache and without (after one warm-up
     request each, which also fills the cache with the shared prefix, as an earlier user would have)."""
-    return prefix_reuse_levers(with_cache, without_cache, prompts, num_tokens)[0]
-
-
-def prefix_reuse_levers(
-    with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int
-) -> tuple[Lever, Lever]:
-    """:func:`prefix_reuse`'s runs read twice: mean TTFT (the phase the lever works on) and mean end-to-end
-    latency (what the user waits for), so a profile's prediction of the second can be held to it."""
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     runs = {}
     for label, llm in (("with", with_cache), ("without", without_cache)):
         one_at_a_time(llm, prompts[:1], params)
         runs[label] = one_at_a_time(llm, prompts[1:], params)
     cached = sum(o.num_cached_tokens for o in runs["with"]) / len(runs["with"])
-    same = [o.token_ids for o in runs["with"]] == [o.token_ids for o in runs["without"]]
-    note = f"{cached:.0f} of {len(prompts[1])} prompt tokens cached per request"
-    ttft = Lever("prefix reuse", "prefill", "mean TTFT (s)", mean_ttft_s(runs["without"]), mean_ttft_s(runs["with"]),
-                 same, note)  # fmt: skip
-    e2e = Lever("prefix reuse (end to end)", "prefill", "mean E2E (s)", mean_e2e_s(runs["without"]),
-                mean_e2e_s(runs["with"]), same, note)  # fmt: skip
-    return ttft, e2e
+    return Lever(
+        "prefix reuse", "prefill", "mean TTFT (s)", mean_ttft_s(runs["without"]), mean_ttft_s(runs["with"]),
+        [o.token_ids for o in runs["with"]] == [o.token_ids for o in runs["without"]],
+        f"{cached:.0f} of {len(prompts[1])} prompt tokens cached per request",
+    )  # fmt: skip

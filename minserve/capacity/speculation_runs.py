@@ -20,7 +20,6 @@ says whether the tokens were the plain run's: a speedup from different output wo
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -40,15 +39,6 @@ FUNCTIONS = [
     "def read_lines(path):\n    with open(path) as f:\n        return [line.rstrip() for line in f]\n",
     "for i in range(10):\n    if i % 2 == 0:\n        print(i)\n    else:\n        continue\n",
 ]
-# Held out: other functions, never in ``workloads``, so an α measured on them predicts the runs on those.
-HELD_OUT_FUNCTIONS = [
-    "def factorial(n):\n    if n == 0:\n        return 1\n    return n * factorial(n - 1)\n",
-    "def is_prime(n):\n    for d in range(2, n):\n        if n % d == 0:\n            return False\n    return True\n",
-    "class Queue:\n    def __init__(self):\n        self.items = []\n\n    def put(self, item):\n"
-    "        self.items.insert(0, item)\n",
-    "def word_count(text):\n    counts = {}\n    for word in text.split():\n"
-    "        counts[word] = counts.get(word, 0) + 1\n",
-]
 OPENERS = ["def parse(", "import ", "class Config:", "# TODO", "def main():", "from typing import", "x = [", "try:"]
 
 
@@ -59,21 +49,6 @@ def workloads(num_prompts: int) -> dict[str, list[str]]:
         "grounded": [grounded[i % len(grounded)] + "#" * (i // len(grounded)) for i in range(num_prompts)],
         "open": [OPENERS[i % len(OPENERS)] + " " * (i // len(OPENERS)) for i in range(num_prompts)],
     }
-
-
-def held_out(num_prompts: int) -> list[str]:
-    """``num_prompts`` grounded prompts built like ``workloads``' but from :data:`HELD_OUT_FUNCTIONS`."""
-    grounded = [f + "\n\n" + f.splitlines()[0] + "\n" for f in HELD_OUT_FUNCTIONS]
-    return [grounded[i % len(grounded)] + "#" * (i // len(grounded)) for i in range(num_prompts)]
-
-
-def measured_acceptance(llm: LLM, prompts: list[str], params: SamplingParams, batch: int = 1) -> float:
-    """α (drafts kept / drafts run) of a speculative engine on ``prompts``: 0.0 where it drafted nothing."""
-    core = llm.engine.core
-    drafted, accepted = core.num_draft_tokens, core.num_accepted_tokens
-    _generate(llm, prompts, params, batch)
-    drafted, accepted = core.num_draft_tokens - drafted, core.num_accepted_tokens - accepted
-    return accepted / drafted if drafted else 0.0
 
 
 def greedy(num_tokens: int) -> SamplingParams:
@@ -172,7 +147,7 @@ def compare(
 ) -> SpeculationPoint:
     """Run ``prompts`` through the speculative ``llm`` as ``plain`` ran them, and lay the two side by side."""
     core = llm.engine.core
-    k = core.proposer.num_speculative_tokens if core.proposer else 0  # an engine without speculation: k = 0
+    k = core.proposer.num_speculative_tokens
     _generate(llm, prompts[:2], params, batch)  # warm-up, as the plain run had
     runner = getattr(core.proposer, "runner", None)  # a draft model's, or none for prompt lookup
     timer = ForwardTimer(runner) if runner is not None else None
@@ -208,34 +183,3 @@ def acceptance_by_position(events: Iterable[TraceEvent], k: int) -> list[float |
             reached[position] += 1
             kept[position] += position < accepted
     return [kept[i] / reached[i] if reached[i] else None for i in range(k)]
-
-
-@dataclass(frozen=True)
-class StepCurve:
-    """Plain decode step seconds by tokens in the step (one per sequence), measured apart from any
-    speculative run (``minserve.capacity.profiler.profile_decode``). A verification step of B sequences
-    and k drafts each runs B·(k+1) tokens, so it costs about ``seconds(B·(k+1))``: this gives v."""
-
-    tokens: tuple[int, ...]
-    step_s: tuple[float, ...]
-
-    @classmethod
-    def from_profile(cls, points: Iterable[Any]) -> StepCurve:
-        """From ``profile_decode``'s points (``batch``, ``step_s``), one context length."""
-        pairs = sorted((p.batch, p.step_s) for p in points)
-        return cls(tuple(b for b, _ in pairs), tuple(s for _, s in pairs))
-
-    def seconds(self, tokens: int) -> float:
-        """Step seconds at ``tokens``, straight lines between the measured points in log-log; below them the
-        first point, past them in proportion to the tokens (compute-bound: a guess, so measure far enough)."""
-        if tokens <= self.tokens[0]:
-            return self.step_s[0]
-        for (t0, s0), (t1, s1) in zip(zip(self.tokens, self.step_s), zip(self.tokens[1:], self.step_s[1:])):
-            if tokens <= t1:
-                share = math.log(tokens / t0) / math.log(t1 / t0)
-                return s0 * (s1 / s0) ** share
-        return self.step_s[-1] * tokens / self.tokens[-1]
-
-    def verify_cost(self, batch: int, k: int) -> float:
-        """v: a verification step of ``batch`` sequences (k + 1 tokens each) over a plain step of ``batch``."""
-        return self.seconds(batch * (k + 1)) / self.seconds(batch)
