@@ -230,6 +230,23 @@ def test_measure_decode_steps_reports_each_batch_size(tiny):
     assert list(costs.table().index) == [1, 4]
 
 
+def test_step_costs_are_measured_beside_each_run(tiny):
+    """Each run follows its own round of step measurements: the costs come from the runs' minute."""
+    steps_before_each_run: list[int] = []
+    reports: list = []
+    tiny.engine.core.observers.append(reports.append)
+    try:
+        costs, results = contract.repeat_beside_step_costs(
+            tiny, PROMPTS[0], lambda: steps_before_each_run.append(len(reports)) or "ran",
+            batch_sizes=(1, 2), tokens=3, rounds=2,
+        )  # fmt: skip
+    finally:
+        tiny.engine.core.observers.remove(reports.append)
+    assert results == ["ran", "ran"] and costs.batch_sizes == (1, 2)
+    first, second = steps_before_each_run
+    assert 0 < first < second < len(reports) + 1 and second >= 2 * first  # a full round before each run
+
+
 def test_measure_decode_steps_refuses_a_batch_the_engine_cannot_hold():
     with pytest.raises(ValueError, match="no decode step of 4 sequences"):
         contract.measure_decode_steps(LLM(max_num_seqs=2), PROMPTS[0], batch_sizes=(4,), tokens=3)

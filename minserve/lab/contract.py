@@ -5,6 +5,7 @@ The prediction is the chapter's formula, E2E = TTFT + (n − 1) × step, made ex
 all requests sent at once are prefilled in one shared first step, then each running request gets one token
 per step, and a step costs what a step of that many sequences costs. :func:`measure_decode_steps` measures
 that cost on the engine in separate, small runs (one per batch size, from the engine's step reports);
+:func:`repeat_beside_step_costs` measures it again beside each run it is compared with, and
 :func:`prediction_table` adds the n − 1 step costs each request waited through. Nothing of the run being
 predicted goes into the prediction except its TTFT and its output lengths.
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 TOKENS_PER_ENGLISH_WORD = 1.3  # a common rule of thumb for English BPE tokenizers (≈ 0.75 words per token)
 FAILED_REASONS = ("deadline", "error")  # the server gave up on the request
 CANCELLED_REASONS = ("cancelled",)  # the client left
+T = TypeVar("T")
 
 
 # --- what a decode step costs --------------------------------------------------------------------------------
@@ -72,11 +74,33 @@ def measure_decode_steps(
     the engine's bookkeeping. The median leaves out a step that another process on the machine slowed; the
     ``rounds`` go through every batch size in turn, so a slow stretch of seconds touches each size alike.
     """
+    costs, _ = repeat_beside_step_costs(llm, prompt, lambda: None, batch_sizes, tokens, rounds)
+    return costs
+
+
+def repeat_beside_step_costs(
+    llm: LLM,
+    prompt: str,
+    run: Callable[[], T],
+    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    tokens: int = 24,
+    rounds: int = 3,
+) -> tuple[StepCosts, list[T]]:
+    """``rounds`` times: measure one decode step at each batch size (as :func:`measure_decode_steps`), then
+    call ``run``; return the step costs pooled over the rounds and what each ``run`` returned.
+
+    A prediction compared with a measurement needs both taken on the same machine *state*: a shared CPU's
+    speed drifts by tens of percent over a minute (another process, a changing clock), so step costs measured
+    a minute before the run can be off by more than the margin a check allows. Interleaved, a drift moves
+    the costs and the runs alike.
+    """
     periods: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    results: list[T] = []
     for _ in range(rounds):
         for b in batch_sizes:
             periods[b] += _decode_periods(llm, prompt, b, tokens)
-    return StepCosts(tuple(batch_sizes), tuple(statistics.median(periods[b]) for b in batch_sizes))
+        results.append(run())
+    return StepCosts(tuple(batch_sizes), tuple(statistics.median(periods[b]) for b in batch_sizes)), results
 
 
 def _decode_periods(llm: LLM, prompt: str, batch: int, tokens: int) -> list[float]:
