@@ -1,99 +1,81 @@
-"""Chapter 07 exercise: group-wise asymmetric int4 weights, round to nearest.
+"""Chapter 07 exercise: a weight quantizer of your own design, for a budget of bits per weight.
 
-Fill in every function below (replace ``raise NotImplementedError``), then grade yourself:
+Fill in :func:`quantize`, :func:`dequantize` and :func:`quantized_linear` (replace ``raise
+NotImplementedError``), then grade yourself:
 
     minserve grade ch07
 
-A weight matrix is ``[out, in]``, the layout of ``nn.Linear``: row ``j`` holds the weights output ``j``
-multiplies the inputs by. int4 stores each weight as a 4-bit *code* (0 … 15, sixteen levels) and, for every
-*group* of ``group_size`` consecutive inputs of a row, two float32 numbers that turn codes back into values:
+You are handed a weight matrix ``[out, in]`` (a linear layer's, ``y = x @ W.T``) and a budget in bits per
+weight, metadata included: 4.5 bits, say, for a format that must take at most 4.5 × out × in bits. You
+choose the grid: how many bits a code takes, which weights share a grid (a whole row, or groups of
+consecutive inputs, and how large), whether a grid is symmetric around zero or has a zero point of its own,
+how the numbers it needs are stored, how a weight is rounded onto it. Different matrices may get different
+choices. Whatever you choose must fit the budget, and is graded on what it does:
 
-    value of code q = (q − 8) · scale + zero
+- **storage**: the grader counts it from your :class:`QuantizedWeight`: the codes at ``code_bits`` each
+  (as if packed), plus every other tensor it holds at its dtype's size (a float16 number is 16 bits). Small
+  Python numbers in ``layout`` (a group size, a flag) are free. It must fit every budget from 3.25 to 8.5
+  bits, also for rows whose length 64 does not divide (688 = 16 × 43);
+- **error** on synthetic weights: Gaussian rows of different spreads; rows that all lie far from zero; and
+  rows where one weight in 200 is thirty times larger than the rest. Those outliers are what a trained
+  model's weights have, and the grid must not let one of them spoil the precision of the others;
+- **a real model**: every projection of the embedded model (``minserve-tiny``) goes through your round trip
+  at 4.5 bits, and its next-token distributions on held-out text must stay close to the float model's:
+  the mean KL divergence (nats per token) and the share of positions where both pick the same top token,
+  chapter 07's own quality measures.
 
-Three choices make this format, and each has a reason:
-
-- **Groups.** One scale for a whole row would let a single outlier weight (ten times the others, as
-  LLM weights have) stretch the row's grid, leaving the ordinary weights only a few levels. With a scale
-  per group of, say, 64 inputs, an outlier spoils only its own group's resolution; the price is one scale
-  and one zero per group, which is what :func:`bits_per_weight` counts.
-- **Asymmetric.** A group's weights are rarely centred on zero, so a symmetric grid (−max|w| … +max|w|)
-  wastes the levels on the side the group never reaches. Here the sixteen codes cover the group's own
-  ``[min, max]``: code 0 is the group's minimum, code 15 its maximum, and the step between codes is
-  ``scale = (max − min) / 15``. Rounding to the nearest code puts every weight back within ``scale / 2``.
-- **The middle code.** ``zero`` is stored as the value of code 8, ``min + 8 · scale``, rather than the value
-  of code 0. That is the convention of torch's packed int4 matmul kernels (and gpt-fast's), so the scales
-  and zeros computed here could be handed to them unchanged. Written so, the formula above is a signed
-  code ``q − 8`` (−8 … 7) times the scale, plus an offset.
-
-Units: ``weight``, ``scales``, ``zeros`` and every returned value are in the weight's own units (whatever
-the float weights were); ``codes`` are plain integers; ``group_size`` counts input features; bits are bits.
-Work in float32 whatever the weight's dtype (``weight.float()``).
-
-``Tensor.view(out, in // group_size, group_size)`` splits each row into its groups, ``amin``/``amax`` along
-the last dimension give each group's range, and ``scales[..., None]`` broadcasts a group's number over its
-``group_size`` weights. Use only torch and the standard library: the grader refuses a file that imports
-minserve, whose own ``minserve.quant.formats`` is an answer.
+Import only the standard library and ``torch``: the grader refuses a file that imports minserve (whose
+``quant`` package holds a working int4 format).
 """
 
 from __future__ import annotations
 
 import torch
 
-LEVELS = 16  # a 4-bit code is 0 … 15
-MIDDLE = 8  # the code whose value is the zero point
+
+class QuantizedWeight:
+    """A weight matrix as your format stores it; what :func:`dequantize` reads, and all it may read.
+
+    ``codes``: an integer tensor of the weight's shape, one code per weight, each in ``0 … 2**code_bits − 1``
+    (a uint8 tensor is fine: the grader counts ``code_bits`` per code, as if packed). ``meta``: the tensors
+    your grid needs to map codes back to floats (per-group or per-row numbers), counted at their dtype's
+    size. ``layout``: a few Python numbers that describe the format (a group size, whether it is
+    symmetric), not counted. Add attributes if your design needs them: every tensor the object holds is
+    counted against the budget.
+    """
+
+    def __init__(
+        self, codes: torch.Tensor, code_bits: int, meta: dict[str, torch.Tensor], layout: dict[str, int | bool]
+    ) -> None:
+        self.codes, self.code_bits, self.meta, self.layout = codes, code_bits, meta, layout
 
 
-def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(codes, scales, zeros)`` for a float ``weight`` of shape ``[out, in]``, in groups of ``group_size``.
+def storage_bits_per_weight(q: QuantizedWeight) -> float:
+    """Bits per weight ``q`` takes: ``code_bits`` for each code plus the bits of every tensor in ``meta``,
+    shared among all the weights. Given: the grader counts the same way (every tensor the object holds)."""
+    meta_bits = sum(8 * t.numel() * t.element_size() for t in q.meta.values())
+    return q.code_bits + meta_bits / q.codes.numel()
 
-    Each row is cut into ``in // group_size`` groups of ``group_size`` consecutive inputs. Per group, with
-    ``min`` and ``max`` its smallest and largest weight:
 
-    - ``scale = (max − min) / 15``, the step between two codes; a group whose ``max == min`` (a constant or
-      all-zero group) gets ``scale = 1.0``, never 0, so nothing divides by zero (its codes are all 0);
-    - ``code = round((w − min) / scale)``, clamped to 0 … 15: rounding to nearest, so code 0 is ``min``
-      and code 15 is ``max``;
-    - ``zero = min + 8 · scale``, the value of the middle code 8.
+def quantize(weight: torch.Tensor, budget_bits: float) -> QuantizedWeight:
+    """Quantize ``weight`` (float, ``[out, in]``) into a format that takes at most ``budget_bits`` bits per
+    weight, metadata included, choosing the grid that serves this matrix best.
 
-    Returns ``codes`` as ``torch.uint8`` of shape ``[out, in]`` (one code an element; packing two to a byte is
-    a storage detail left out here), and ``scales`` and ``zeros`` as float32 of shape
-    ``[out, in // group_size]``. Raises ``ValueError``, naming both numbers, when ``group_size`` is not a
-    positive divisor of ``in`` (a group size of 64 cannot tile a row of 96 inputs).
+    The round trip should lose as little as it can: rows of different scales each keep their precision,
+    weights that all sit far from zero are not rounded onto levels nobody uses, and a rare large weight
+    costs precision only near it. A budget no grid fits (below 2 bits, say) is a ``ValueError``. The
+    weight itself is not kept: only what the :class:`QuantizedWeight` holds survives.
     """
     raise NotImplementedError
 
 
-def dequantize_int4(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The weight the codes stand for: ``(code − 8) · scale + zero`` per element, float32 ``[out, in]``.
-
-    ``codes`` is ``[out, in]`` (uint8, 0 … 15), ``scales`` and ``zeros`` are ``[out, in // group_size]``, as
-    :func:`quantize_int4` returns them; element ``[j, i]`` uses the numbers of group ``[j, i // group_size]``.
-    Widen the codes to float before subtracting 8: in uint8, ``3 − 8`` wraps around to 251.
-    """
+def dequantize(q: QuantizedWeight) -> torch.Tensor:
+    """The float32 weight ``[out, in]`` that ``q`` stands for, computed from what ``q`` holds and nothing
+    else (a deep copy of ``q`` gives the same weight)."""
     raise NotImplementedError
 
 
-def int4_linear(
-    x: torch.Tensor,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A linear layer on int4 weights: ``x @ W.T`` (``+ bias``), with ``W`` the :func:`dequantize_int4` weight.
-
-    ``x`` is ``[..., in]`` with any leading shape (``[in]``, ``[tokens, in]``, ``[batch, tokens, in]``), as
-    ``nn.Linear`` takes it; the result is float32 ``[..., out]``. ``bias``, when given, is ``[out]``. (A real
-    kernel never builds ``W``: it widens the codes tile by tile as it multiplies. The numbers are the same.)
-    """
-    raise NotImplementedError
-
-
-def bits_per_weight(group_size: int, scale_bits: int = 16) -> float:
-    """Bits of storage per weight: 4 for the code plus one scale and one zero shared by ``group_size`` weights.
-
-    ``4 + 2 · scale_bits / group_size``: with 16-bit scales and zeros, groups of 64 cost 4 + 32 / 64 = 4.5
-    bits a weight, groups of 32 cost 5. A float return value (bits, not bytes).
-    """
+def quantized_linear(x: torch.Tensor, q: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The linear layer with the quantized weight: for ``x`` of shape ``[..., in]``, the float32 ``[..., out]``
+    that the layer with the weight :func:`dequantize` gives returns (plus ``bias``, ``[out]``, when given)."""
     raise NotImplementedError

@@ -6,10 +6,15 @@ grader runs the chapter's tests with pytest in a child process, so a learner's m
 in it) cannot disturb the grader, and every run starts from a clean interpreter. The child imports the
 learner's file from the path in ``MINSERVE_EXERCISE_FILE`` and hands it to each test as the ``exercise``
 fixture; a test is worth ``@pytest.mark.points(n)`` points (1 without the marker) and its docstring is the
-hint shown when it fails. Before a test gets the module, :mod:`minserve.exercise_rules` checks that it
-imports only what its chapter allows (most chapters: the standard library), so re-exporting minserve's own
-implementation scores nothing. ``--export-student`` writes the copy of the course learners are handed
-(:mod:`minserve.handout`).
+hint shown when it fails; a report with at least :data:`PASS_FRACTION` of the points passes. Before a test
+gets the module, :mod:`minserve.exercise_rules` checks that it imports only what its chapter allows (most
+chapters: the standard library), so re-exporting minserve's own implementation scores nothing.
+``--export-student`` writes the copy of the course learners are handed (:mod:`minserve.handout`).
+
+Hidden tests: an instructor keeps a second set per chapter in :data:`HIDDEN_TESTS` (``exercises/solutions/
+hidden/test_<chapter>*.py``), run with ``--hidden``: other shapes, seeds and workloads than the public tests,
+so a file fitted to the public tests does not pass them. They sit under ``solutions/``, which the learner's
+copy never holds.
 
 The child writes one JSON file of results; the parent turns it into a score table or, with ``--json``,
 passes it on for a gradebook.
@@ -34,9 +39,12 @@ from minserve.handout import run_export_command
 
 EXERCISE_FILE_ENV = "MINSERVE_EXERCISE_FILE"
 EXERCISE_CHAPTER_ENV = "MINSERVE_EXERCISE_CHAPTER"  # whose import rule applies, in the grading child
+SELECT_ENV = "MINSERVE_GRADE_SELECT"  # a pytest -k expression: grade only the tests it selects
 REPO_EXERCISES = Path(__file__).resolve().parents[1] / "exercises"  # present in a clone, absent in a wheel
 DEFAULT_TIMEOUT_S = 600.0  # the whole run; one test gets PER_TEST_TIMEOUT_S where pytest-timeout is installed
 PER_TEST_TIMEOUT_S = 60
+HIDDEN_TESTS = Path("solutions") / "hidden"  # inside the exercises folder: withheld with the solutions
+PASS_FRACTION = 0.8  # a report passes with at least this share of the points
 
 
 class GradingError(ValueError):
@@ -49,7 +57,9 @@ class GradedTest:
 
     name: str
     nodeid: str
-    outcome: str  # "passed", "failed" (assertion or exception in the test) or "error" (in setup)
+    # "passed", "failed" (assertion or exception in the test), "error" (in setup) or "deselected" (not run:
+    # ``select`` left it out; 0 points of its max_points)
+    outcome: str
     points: int
     max_points: int
     hint: str | None = None
@@ -73,14 +83,20 @@ class GradeReport:
     def max_score(self) -> int:
         return sum(t.max_points for t in self.tests)
 
+    @property
+    def passed(self) -> bool:
+        """At or above the pass line: :data:`PASS_FRACTION` of the points (nothing passes with no points)."""
+        return self.max_score > 0 and self.score >= PASS_FRACTION * self.max_score
+
     def to_dict(self) -> dict:
-        """The ``--json`` shape: chapter, file, tests_dir, score, max_score, and a list of tests."""
+        """The ``--json`` shape: chapter, file, tests_dir, score, max_score, passed, and a list of tests."""
         return {
             "chapter": self.chapter,
             "file": self.file,
             "tests_dir": self.tests_dir,
             "score": self.score,
             "max_score": self.max_score,
+            "passed": self.passed,
             "tests": [asdict(t) for t in self.tests],
         }
 
@@ -155,13 +171,21 @@ def grade(
     root: str | Path | None = None,
     solutions: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    hidden: bool = False,
+    select: str | None = None,
 ) -> tuple[GradeReport, str]:
     """Grade one exercise file; returns the report and pytest's own output (for ``--verbose``).
 
     ``file`` defaults to the chapter's stub in the exercises folder (or, with ``solutions``, the reference
-    solution); ``tests_dir`` defaults to ``exercises/tests`` (instructors point it at hidden tests).
+    solution); ``tests_dir`` defaults to ``exercises/tests``, or with ``hidden`` to the instructor's hidden
+    tests (:data:`HIDDEN_TESTS`); instructors may point it at a folder of their own. ``select`` (a pytest
+    ``-k`` expression) runs only the tests it names; the others are listed as ``deselected`` with 0 points,
+    so the score plus their points bounds the full score from above (how the repository's tests show that a
+    wrong solution fails without grading every test).
     """
     chapter = normalize_chapter(chapter)
+    if hidden and tests_dir is not None:
+        raise GradingError("--hidden grades exercises/solutions/hidden; do not pass --tests too")
     needs_root = file is None or tests_dir is None
     base = exercises_root(root) if needs_root else None
     if file is None:
@@ -169,14 +193,19 @@ def grade(
     file = Path(file).resolve()
     if not file.is_file():
         raise FileNotFoundError(f"exercise file {file} not found")
-    tests = Path(tests_dir).resolve() if tests_dir is not None else base / "tests"
+    if tests_dir is not None:
+        tests = Path(tests_dir).resolve()
+    else:
+        tests = base / HIDDEN_TESTS if hidden else base / "tests"
+        if hidden and not tests.is_dir():
+            raise FileNotFoundError(f"no hidden tests in {tests}: a learner's copy of the course has none")
     test_files = find_test_files(chapter, tests)
-    results, output = _run_pytest(chapter, file, tests, test_files, timeout_s)
+    results, output = _run_pytest(chapter, file, tests, test_files, timeout_s, select)
     return GradeReport(chapter, str(file), str(tests), results), output
 
 
 def _run_pytest(
-    chapter: str, file: Path, tests: Path, test_files: list[Path], timeout_s: float
+    chapter: str, file: Path, tests: Path, test_files: list[Path], timeout_s: float, select: str | None = None
 ) -> tuple[list[GradedTest], str]:
     with tempfile.TemporaryDirectory(prefix="minserve-grade-") as scratch:
         results_path = Path(scratch) / "results.json"
@@ -187,6 +216,9 @@ def _run_pytest(
             EXERCISE_CHAPTER_ENV: chapter,
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        env.pop(SELECT_ENV, None)
+        if select is not None:
+            env[SELECT_ENV] = select
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
@@ -234,6 +266,7 @@ def _worker(results_path: str, rootdir: str, test_files: list[str]) -> int:
             """The learner's module, imported fresh for each test (after its chapter's import rule is checked)."""
             return load_exercise()
 
+        @pytest.hookimpl(tryfirst=True)  # before -k deselects any: every test is listed with its points
         def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
             for item in items:
                 marker = item.get_closest_marker("points")
@@ -241,6 +274,10 @@ def _worker(results_path: str, rootdir: str, test_files: list[str]) -> int:
                 doc = getattr(getattr(item, "obj", None), "__doc__", None)
                 hint = " ".join(doc.strip().split("\n\n")[0].split()) if doc else None
                 self.tests[item.nodeid] = asdict(GradedTest(item.name, item.nodeid, "passed", worth, worth, hint))
+
+        def pytest_deselected(self, items: list[pytest.Item]) -> None:
+            for item in items:
+                self.tests[item.nodeid].update(outcome="deselected", points=0)
 
         def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
             test = self.tests.get(report.nodeid)
@@ -261,6 +298,8 @@ def _worker(results_path: str, rootdir: str, test_files: list[str]) -> int:
     args.append("--strict-markers")
     if importlib.util.find_spec("pytest_timeout") is not None:
         args.append(f"--timeout={PER_TEST_TIMEOUT_S}")
+    if os.environ.get(SELECT_ENV):
+        args += ["-k", os.environ[SELECT_ENV]]
     exit_code = pytest.main([*args, *test_files], plugins=[plugin])
     payload = {"tests": list(plugin.tests.values()), "collection_errors": plugin.collection_errors}
     Path(results_path).write_text(json.dumps(payload))
@@ -285,11 +324,12 @@ def format_report(report: GradeReport) -> str:
     width = max([len(t.name) for t in report.tests] + [len("total")]) + 2
     lines = [f"{report.chapter}: {report.file}", "", f"{'test':<{width}}{'points':>7}  result"]
     for t in report.tests:
-        result = t.outcome if t.outcome == "passed" else f"{t.outcome}: {t.message}"
+        result = t.outcome if t.outcome in ("passed", "deselected") else f"{t.outcome}: {t.message}"
         lines.append(f"{t.name:<{width}}{f'{t.points}/{t.max_points}':>7}  {result}")
-        if t.outcome != "passed" and t.hint:
+        if t.outcome not in ("passed", "deselected") and t.hint:
             lines.append(f"    hint: {t.hint}")
-    lines += ["", f"{'total':<{width}}{f'{report.score}/{report.max_score}':>7}"]
+    verdict = "passed" if report.passed else f"below the pass line ({PASS_FRACTION:.0%})"
+    lines += ["", f"{'total':<{width}}{f'{report.score}/{report.max_score}':>7}  {verdict}"]
     return "\n".join(lines)
 
 
@@ -299,7 +339,7 @@ def run_grade_command(args: argparse.Namespace) -> int:
         return run_export_command(args, exercises_root(args.root))
     if args.chapter is None:
         raise GradingError("name a chapter (minserve grade ch01), or --export-student DIR")
-    report, output = grade(args.chapter, args.file, args.tests, args.root, args.solutions, args.timeout)
+    report, output = grade(args.chapter, args.file, args.tests, args.root, args.solutions, args.timeout, args.hidden)
     if args.verbose:
         print(output, file=sys.stderr)
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
@@ -317,6 +357,9 @@ def add_grade_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
     parser.add_argument("--file", help="the exercise file (default: exercises/<chapter>_*.py)")
     parser.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     parser.add_argument("--tests", help="a folder of test_<chapter>*.py files (default: exercises/tests)")
+    parser.add_argument(
+        "--hidden", action="store_true", help="grade against the instructor's hidden tests (exercises/solutions/hidden)"
+    )
     parser.add_argument("--root", help="the exercises folder (default: ./exercises, else the repository's)")
     parser.add_argument("--json", action="store_true", help="print machine-readable results")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds for the whole run")

@@ -1,5 +1,6 @@
 """The grader can fail: the reference solutions score full marks, the untouched stubs score zero, a file that
-re-exports minserve scores nothing, and the learner's copy of the course holds no solution."""
+re-exports minserve scores nothing, a deliberately wrong solution scores below the pass line (public and
+hidden tests), and the learner's copy of the course holds no solution and no hidden test."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def test_cli_solutions_score_full_marks_as_json(chapter):
     done = _cli(chapter, "--solutions", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert set(result) == {"chapter", "file", "tests_dir", "score", "max_score", "tests"}
+    assert set(result) == {"chapter", "file", "tests_dir", "score", "max_score", "passed", "tests"}
+    assert result["passed"] is True
     assert result["chapter"] == chapter and result["file"].endswith(f"solutions/{CHAPTERS[chapter]}")
     assert result["max_score"] > 0 and result["score"] == result["max_score"]
     assert result["max_score"] == sum(t["max_points"] for t in result["tests"])
@@ -140,6 +142,82 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
     (tmp_path / "test_ch01_broken.py").write_text("import no_such_module_anywhere\n")
     with pytest.raises(grade.GradingError, match="could not be collected"):
         grade.grade("ch01", file=EXERCISES / "ch01_metrics.py", tests_dir=tmp_path)
+
+
+# --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
+
+# The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
+HIDDEN = ("ch05", "ch07")
+# Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
+# pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
+# counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
+MISTAKES = {
+    "ch05 prefills every prompt whole": (
+        "ch05",
+        ("return min(num_uncomputed, budget) if self.enable_chunked_prefill else num_uncomputed",
+         "return num_uncomputed"),
+        {"public": "token_budget or chunked or itl", "hidden": "budget_seats or itl"},
+    ),
+    "ch07 rounds down, not to nearest": (
+        "ch07",
+        ("codes = torch.round(", "codes = torch.floor("),
+        {"public": "gaussian or outliers or off_centre", "hidden": "budgets or outliers or below_zero"},
+    ),
+}  # fmt: skip
+
+
+def test_the_pass_line():
+    def report(*points: tuple[int, int]) -> grade.GradeReport:
+        tests = [grade.GradedTest(f"t{i}", f"t{i}", "passed", got, worth) for i, (got, worth) in enumerate(points)]
+        return grade.GradeReport("ch01", "mine.py", "tests", tests)
+
+    assert report((4, 4), (0, 1)).passed and not report((3, 4), (0, 1)).passed  # 80 % passes, 60 % does not
+    assert not report().passed
+    assert "below the pass line (80%)" in grade.format_report(report((0, 5))).splitlines()[-1]
+    with pytest.raises(grade.GradingError, match="--hidden"):
+        grade.grade("ch05", tests_dir=EXERCISES / "tests", hidden=True)
+
+
+@needs_solutions
+def test_every_hidden_test_file_names_a_chapter_with_an_exercise():
+    hidden = sorted(path.name for path in (EXERCISES / grade.HIDDEN_TESTS).glob("test_ch*.py"))
+    assert hidden == [f"test_{chapter}_hidden.py" for chapter in HIDDEN]
+
+
+@needs_solutions
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", HIDDEN)
+def test_hidden_tests_give_the_reference_full_marks_and_the_stub_zero(chapter):
+    solution, _ = grade.grade(chapter, solutions=True, hidden=True)
+    assert solution.max_score > 0 and solution.score == solution.max_score, grade.format_report(solution)
+    assert solution.tests_dir.endswith("solutions/hidden")
+    stub, _ = grade.grade(chapter, hidden=True)
+    assert stub.max_score == solution.max_score and stub.score == 0, grade.format_report(stub)
+
+
+@needs_solutions
+@pytest.mark.slow
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_a_wrong_solution_scores_below_the_pass_line(mistake, tmp_path):
+    """Public and hidden tests in one grading run (a folder holding both), each set judged on its own."""
+    chapter, (right, wrong), selects = MISTAKES[mistake]
+    source = (EXERCISES / "solutions" / CHAPTERS[chapter]).read_text()
+    assert right in source, "the reference solution changed: update the mistake"
+    wrong_file = tmp_path / CHAPTERS[chapter]
+    wrong_file.write_text(source.replace(right, wrong))
+    both = tmp_path / "tests"
+    both.mkdir()
+    shutil.copy(EXERCISES / "tests" / f"test_{chapter}.py", both)
+    shutil.copy(EXERCISES / grade.HIDDEN_TESTS / f"test_{chapter}_hidden.py", both)
+    select = " or ".join(f"({expression})" for expression in selects.values())
+    report, _ = grade.grade(chapter, file=wrong_file, tests_dir=both, select=select)
+    for tests in selects:
+        in_set = [t for t in report.tests if ("_hidden.py" in t.nodeid) == (tests == "hidden")]
+        ran = [t for t in in_set if t.outcome != "deselected"]
+        assert ran and all(t.points == 0 for t in ran), f"a solution that {mistake} kept points: {ran}"
+        max_score = sum(t.max_points for t in in_set)
+        best_possible = max_score - sum(t.max_points for t in ran)  # every test not run, passed
+        assert best_possible < grade.PASS_FRACTION * max_score, (tests, best_possible, max_score)
 
 
 # --- what an exercise may import -----------------------------------------------------------------------------
@@ -185,8 +263,14 @@ def test_chapter_03_and_05_allow_what_they_build_on_and_no_answer():
     assert exercise_rules.forbidden_imports("from minserve.kernels import rmsnorm\n", ch03) == [
         "minserve.kernels (line 1)"
     ]
-    plug_in = "from minserve.engine.policies import Policy\nfrom minserve.engine import sequence\n"
+    plug_in = (
+        "from minserve.engine.policies import Policy\nfrom minserve.engine import sequence\n"
+        "from minserve.engine.block_manager import BlockManager\nfrom minserve.engine.scheduler import ScheduledBatch\n"
+    )
     assert exercise_rules.forbidden_imports(plug_in, ch05) == []
+    assert exercise_rules.forbidden_imports("from minserve.engine.scheduler import Scheduler\n", ch05) == [
+        "minserve.engine.scheduler (line 1)"  # the engine's own scheduler is the answer to part 3
+    ]
     answer = "from minserve.capacity.simulator import Simulator\nfrom minserve.engine import scheduler, policies\n"
     assert exercise_rules.forbidden_imports(answer, ch05) == [
         "minserve.capacity.simulator (line 1)",
@@ -252,6 +336,10 @@ def test_a_file_that_re_exports_minserve_scores_nothing(tmp_path):
 # --- the learner's copy of the course -------------------------------------------------------------------------
 
 
+def _files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+
+
 def _course(tmp_path: Path, git: bool) -> Path:
     """A small course: the real exercises (stubs, tests, solutions), a README, an instructor's hidden tests
     folder inside it and, in a git clone, an untracked note."""
@@ -278,7 +366,8 @@ def test_export_student_withholds_solutions_and_hidden_tests(tmp_path, git):
     out = tmp_path / "handout"
     done = _cli("--export-student", str(out), "--tests", str(course / "hidden"), "--root", str(course / "exercises"))
     assert done.returncode == 0, done.stderr
-    assert f"withheld: exercises/solutions/ ({len(CHAPTERS)} files), hidden/ (1 file);" in done.stdout
+    num_withheld = len(_files(course / "exercises" / "solutions"))  # the solutions and the hidden tests
+    assert f"withheld: exercises/solutions/ ({num_withheld} files), hidden/ (1 file);" in done.stdout
     copied = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert copied == sorted(
         [handout.MARKER, "README.md"]
@@ -289,6 +378,9 @@ def test_export_student_withholds_solutions_and_hidden_tests(tmp_path, git):
     assert ("files git does not track" in done.stdout) == git  # the untracked note and site/ are counted
     no_solutions = _cli("ch01", "--solutions", "--root", str(out / "exercises"))
     assert no_solutions.returncode == 2 and "solutions" in no_solutions.stderr
+    assert not any("hidden" in name for name in copied if name.startswith("exercises/"))
+    no_hidden = _cli("ch05", "--hidden", "--root", str(out / "exercises"))
+    assert no_hidden.returncode == 2 and "no hidden tests" in no_hidden.stderr
 
 
 @needs_solutions

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams, slo
+from minserve import exercise_harness as harness
 from minserve.capacity.experiments import TINY_CPU_COST
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel, make_requests
 from minserve.engine.detokenizer import IncrementalDetokenizer
@@ -239,3 +240,130 @@ def test_same_outputs_on_the_real_engine(exercise):
     llm = LLM(scheduling_policy=exercise.FairShortestFirst(), **small)
     assert [o.token_ids for o in llm.generate(PROMPTS, params)] == expected
     assert llm.stats()["kv_blocks_used"] == 0
+
+
+# --- part 3: the scheduler's step -------------------------------------------------------------------------
+# The learner's StepScheduler takes the place of the engine's Scheduler (minserve.exercise_harness), in the
+# simulator on its virtual clock and once in the real engine. After every step the block manager's own
+# invariants are checked (no block leaked, double-freed or owned twice), and at the end every block is free.
+
+REFERENCE = harness.REFERENCE_SCHEDULER
+
+
+def _steps(exercise, config: SchedulerConfig, requests: list[SimRequest], cost=ONE_SECOND_PER_STEP):
+    """Run the learner's scheduler; return the result and, per step, the (request id, tokens) it scheduled."""
+    steps: list[list[tuple[str, int]]] = []
+    record = lambda _, report: steps.append([(s.request_id, s.num_new_tokens) for s in report.scheduled])  # noqa: E731
+    result = harness.simulate(exercise.StepScheduler, cost, config, requests, on_step=record)
+    for request, done in zip(sorted(requests, key=lambda r: r.arrival_s), result.requests):
+        assert done.finish_reason == "length" and done.output_tokens == request.output_tokens, done
+    return result, steps
+
+
+def _short_and_long(num_short: int, short_prompt: int, long_prompt: int, seed: int) -> list[SimRequest]:
+    """``num_short`` requests of ``short_prompt`` tokens at times 0, 1, 2, …, one long prompt among them."""
+    rng = np.random.default_rng(seed)
+    prompts = [int(rng.integers(short_prompt // 2, short_prompt + 1)) for _ in range(num_short)]
+    prompts.insert(num_short // 2, long_prompt)
+    outputs = [int(rng.integers(4, 24)) for _ in prompts]
+    return make_requests([float(i) for i in range(len(prompts))], prompts, outputs, seed=seed)
+
+
+@pytest.mark.points(4)
+def test_scheduler_keeps_the_token_budget_and_the_seats(exercise):
+    """Each step: at most max_num_batched_tokens tokens and max_num_seqs sequences, each sequence once; every
+    request ends with all its tokens. Serve running sequences before admitting waiting ones."""
+    config = SchedulerConfig(max_num_seqs=5, max_num_batched_tokens=48, num_kv_blocks=96, block_size=8)
+    _, steps = _steps(exercise, config, _short_and_long(30, 40, 150, seed=3))
+    for scheduled in steps:
+        ids = [request_id for request_id, _ in scheduled]
+        assert len(ids) == len(set(ids)) <= 5, scheduled
+        assert 0 < sum(n for _, n in scheduled) <= 48, scheduled
+
+
+@pytest.mark.points(4)
+def test_a_long_prompt_is_chunked_beside_the_decodes(exercise):
+    """A prompt longer than the budget runs in chunks over several steps (no step over the budget), and the
+    decodes already running keep getting their token every step meanwhile."""
+    decoders = [SimRequest(0.0, tuple(range(1, 9)), 30, request_id=f"d{i}") for i in range(4)]
+    long = SimRequest(3.0, tuple(range(100, 340)), 2, request_id="long")
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, num_kv_blocks=128, block_size=8)
+    result, steps = _steps(exercise, config, [*decoders, long])
+    long_chunks = [n for scheduled in steps for request_id, n in scheduled if request_id == "long"]
+    assert len(long_chunks) >= 240 // 32 + 1 and max(long_chunks) <= 32, long_chunks
+    assert harness.p99_itl_s(result, [f"d{i}" for i in range(4)]) == 1.0  # one step between any two tokens
+
+
+@pytest.mark.points(3)
+def test_admission_waits_for_free_blocks(exercise):
+    """Admit a waiting request only when the block manager has the blocks its first chunk needs; otherwise it
+    waits (never call allocate without asking can_allocate: NoFreeBlocksError)."""
+    requests = make_requests([0.0] * 12, 60, 10, seed=4)  # 70 tokens each: 9 blocks of 8; 3 fit in 32
+    config = SchedulerConfig(max_num_seqs=12, max_num_batched_tokens=256, num_kv_blocks=32, block_size=8)
+    _, steps = _steps(exercise, config, requests)
+    assert max(len(scheduled) for scheduled in steps) < 12  # memory, not seats, held them back
+
+
+@pytest.mark.points(4)
+def test_preempts_when_blocks_run_out_and_nothing_leaks(exercise):
+    """When a running sequence needs a block and none is free, preempt (by recompute: free its blocks, send it
+    back to waiting, keep its tokens) the running sequence the policy ranks last; it finishes later."""
+    requests = make_requests([0.0] * 8, 20, 60, seed=5)  # they fit at first, then outgrow 40 blocks
+    config = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, num_kv_blocks=40, block_size=8)
+    result, _ = _steps(exercise, config, requests)
+    assert result.num_preemptions > 0
+
+
+@pytest.mark.points(2)
+def test_a_shared_prefix_keeps_the_block_accounting(exercise):
+    """Requests that share a prompt prefix share its cached blocks (find_cached_prefix, share_cached_prefix):
+    count the revived free blocks when asking for memory, and the reference counts stay exact."""
+    arrivals = [0.5 * i for i in range(16)]
+    requests = make_requests(arrivals, 48, 12, seed=6, shared_prefix_tokens=32)
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=40, num_kv_blocks=30, block_size=8)
+    result, _ = _steps(exercise, config, requests)
+    assert sum(r.num_cached_tokens for r in result.requests) > 0
+
+
+ENGINE_PROMPTS = PROMPTS
+
+
+@pytest.mark.points(4)
+def test_scheduler_gives_the_reference_greedy_outputs_on_the_real_engine(exercise):
+    """In the real engine, chunking and preempting, greedy outputs must equal the engine's own scheduler's:
+    a scheduler decides when tokens run, never what they are. No block may be left held."""
+    small = dict(max_num_batched_tokens=12, num_kv_blocks=9, block_size=8, max_num_seqs=4, num_threads=1)
+    tokens, preemptions = harness.greedy_tokens(exercise.StepScheduler, ENGINE_PROMPTS, 16, **small)
+    expected, _ = harness.greedy_tokens(REFERENCE, ENGINE_PROMPTS, 16, **small)
+    assert tokens == expected
+    assert preemptions > 0
+
+
+def _decoders_and_a_long_prompt(num_decoders: int, output_tokens: int, long_prompt: int) -> list[SimRequest]:
+    decoders = make_requests([0.0] * num_decoders, 16, output_tokens, seed=7)
+    return [*decoders, SimRequest(0.2, tuple(range(1, long_prompt + 1)), 4, request_id="long")]
+
+
+@pytest.mark.points(4)
+def test_p99_itl_under_a_long_prompt_arrival(exercise):
+    """When a 3000-token prompt arrives among running decodes, their p99 inter-token latency (on the
+    simulator's virtual clock, chunk costs from the embedded model's CPU cost model) must stay within
+    1.25 × the reference scheduler's: prefill it in chunks of the budget, never whole."""
+    requests = _decoders_and_a_long_prompt(8, 60, 3000)
+    config = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=128, num_kv_blocks=512, max_model_len=4096)
+    ids = [r.request_id for r in requests[:-1]]
+    mine = harness.p99_itl_s(harness.simulate(exercise.StepScheduler, CPU_COST, config, requests), ids)
+    reference = harness.p99_itl_s(harness.simulate(REFERENCE, CPU_COST, config, requests), ids)
+    assert mine <= 1.25 * reference, f"p99 ITL {mine * 1e3:.1f} ms against the reference's {reference * 1e3:.1f} ms"
+
+
+@pytest.mark.points(3)
+def test_goodput_at_least_the_references_on_a_mixed_workload(exercise):
+    """On the mixed workload near capacity (a fifth of the prompts ~30 × longer), goodput under the
+    interactive SLO must be at least 0.95 × the reference scheduler's (same policy, FCFS)."""
+    requests = _mixed_requests(300, rate_rps=10.0, seed=1)
+    config = SchedulerConfig(**GOODPUT_CONFIG)
+    mine = harness.simulate(exercise.StepScheduler, CPU_COST, config, requests, False)  # blocks: checked above
+    mine = harness.goodput_rps(mine, INTERACTIVE)
+    reference = harness.goodput_rps(harness.simulate(REFERENCE, CPU_COST, config, requests, False), INTERACTIVE)
+    assert mine >= 0.95 * reference, f"goodput {mine:.2f} requests/s against the reference's {reference:.2f}"
