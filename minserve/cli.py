@@ -1,4 +1,5 @@
-"""The ``minserve`` command: ``generate``, ``demo``, ``serve``, ``route``, ``bench``, ``plan``, ``models``, ``grade``.
+"""The ``minserve`` command: ``generate``, ``chat``, ``demo``, ``serve``, ``route``, ``bench``, ``plan``, ``models``,
+``grade``.
 
 Every subcommand has ``--help``. Each lives in a small function so that adding one is adding a function.
 """
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 from minserve import slo
+from minserve.chat import DESCRIPTION as CHAT_DESCRIPTION
+from minserve.chat import add_sampling_flags, sampling_params, start_chat
 from minserve.config import EngineConfig, ServerConfig
 from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, config_argv, config_options
 from minserve.grade import add_grade_command
@@ -31,25 +34,23 @@ def _model_options(args: argparse.Namespace) -> dict:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from minserve import LLM, SamplingParams
+    """One prompt: through the model's chat template when it has one (the answer is printed), or with
+    ``--raw`` as plain text to continue (the prompt and its continuation are printed)."""
+    from minserve import LLM
 
     if _serves_as_worker(_model_options(args)):
         return 0
+    params = sampling_params(args)  # a bad flag is refused before the model loads
     llm = LLM(**_model_options(args))
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        stop=args.stop or [],
-        ignore_eos=args.ignore_eos,
-    )
+    as_chat = not args.raw and llm.tokenizer.chat_template is not None
     try:
-        out = llm.generate([args.prompt], params)[0]
+        if as_chat:
+            out = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
+        else:
+            out = llm.generate([args.prompt], params)[0]
     finally:
         llm.engine.shutdown()  # any other ranks stop with it (under torchrun they would wait for rank 0)
-    print(args.prompt + out.text)
+    print(out.text if as_chat else args.prompt + out.text)
     if args.verbose:
         m = out.metrics
         print(
@@ -58,6 +59,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    """Chat with a model in the terminal (see :mod:`minserve.chat`)."""
+    from minserve import LLM
+
+    params = sampling_params(args)  # a bad flag is refused before the model loads
+    llm = LLM(**_model_options(args))
+    try:
+        return start_chat(llm, params, args)
+    finally:
+        llm.engine.shutdown()
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -337,18 +350,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"minserve {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    generate = commands.add_parser("generate", help="complete one prompt", description="Complete one prompt.")
+    generate = commands.add_parser("generate", help="answer or continue one prompt", description="Answer one prompt "
+                                   "through the model's chat template if it has one, or continue it as plain text "
+                                   "with --raw (then the prompt is printed before its continuation).")  # fmt: skip
     generate.add_argument("prompt")
     _add_model_arguments(generate)
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    generate.add_argument("--top-k", type=int, default=0, help="0 = off")
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=None)
-    generate.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--raw", action="store_true", help="continue the prompt as plain text, no chat template")
     generate.add_argument("-v", "--verbose", action="store_true", help="print timing to stderr")
+    add_sampling_flags(generate)
     generate.set_defaults(run=_cmd_generate)
+
+    chat = commands.add_parser("chat", help="chat with a model in the terminal", description=CHAT_DESCRIPTION,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _add_model_arguments(chat)
+    chat.add_argument("--system", default=None, help="a system prompt to start with")
+    add_sampling_flags(chat, chat=True)
+    chat.set_defaults(run=_cmd_chat)
 
     demo = commands.add_parser("demo", help="a short tour on the embedded model", description=_cmd_demo.__doc__)
     _add_model_arguments(demo)

@@ -16,14 +16,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_subcommand_has_help():
     commands = build_parser()._subparsers._group_actions[0].choices  # argparse keeps them here
-    assert {"generate", "demo", "serve", "bench", "models", "grade"} <= set(commands)
+    assert {"generate", "chat", "demo", "serve", "bench", "models", "grade"} <= set(commands)
     for name in commands:
         result = _run(name, "--help")
         assert result.returncode == 0 and "usage: minserve " + name in result.stdout, name
 
 
 def test_generate_prints_prompt_and_completion():
-    result = _run("generate", "def fib(n):", "--max-tokens", "8", "--verbose")
+    result = _run("generate", "def fib(n):", "--max-tokens", "8", "--verbose", "--raw")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def fib(n):")
     assert "finish_reason=" in result.stderr and "TTFT" in result.stderr

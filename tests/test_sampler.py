@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minserve.engine.penalties import adjust_logits
 from minserve.engine.sampler import Sample, SamplingError, filtered_probabilities, sample, sample_batch
 from minserve.engine.sampling_params import SamplingParams
 
@@ -61,7 +62,13 @@ def test_unusable_logits_are_a_sampling_error(bad):
 
 
 def _seq(params: SamplingParams):
-    return SimpleNamespace(params=params, generator=torch.Generator().manual_seed(0))
+    return SimpleNamespace(
+        params=params,
+        generator=torch.Generator().manual_seed(0),
+        prompt_token_ids=[],
+        output_token_ids=[],
+        grammar=None,
+    )
 
 
 def test_one_row_that_cannot_be_sampled_fails_alone():
@@ -105,3 +112,117 @@ def test_the_whole_seed_range_seeds_a_generator():
     for seed in (0, 2**64 - 1, -(2**63)):
         params = SamplingParams(seed=seed)
         assert sample(torch.zeros(4), params, torch.Generator().manual_seed(params.seed)) in range(4)
+
+
+# --- steering: logit bias, repetition / frequency / presence penalties, min-p (issue 38) -------------------
+
+penalties = st.sampled_from([-2.0, -5e-324, 0.0, 1e-300, 2.0]) | st.floats(-2.0, 2.0)
+repetition_penalties = st.sampled_from([1.0]) | extreme_positive
+min_ps = st.sampled_from([0.0, 5e-324, 1e-300, 1.0]) | st.floats(0.0, 1.0)
+token_lists = st.lists(st.integers(0, VOCAB - 1), max_size=20)
+biases = st.dictionaries(st.integers(0, VOCAB - 1), st.sampled_from([-100.0, 100.0, 5e-324]) | st.floats(-100, 100))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    row=logit_rows,
+    temperature=st.just(0.0) | temperatures,
+    min_p=min_ps,
+    presence=penalties,
+    frequency=penalties,
+    repetition=repetition_penalties,
+    bias=biases,
+    prompt=token_lists,
+    output=token_lists,
+    seed=st.integers(0, 2**32),
+)
+def test_every_accepted_steering_keeps_sampling_safe(
+    row, temperature, min_p, presence, frequency, repetition, bias, prompt, output, seed
+):
+    """Whatever penalties, bias and min-p a request may carry, and whatever came before, its row stays free of
+    NaN, still gives a distribution that keeps a most likely token, and a token is always picked."""
+    params = SamplingParams(
+        temperature=temperature, min_p=min_p, presence_penalty=presence, frequency_penalty=frequency,
+        repetition_penalty=repetition, logit_bias=bias, seed=seed,
+    )  # fmt: skip
+    logits = torch.tensor([row, [0.0] * VOCAB], dtype=torch.float32)  # a plain row beside it, left as it was
+    steered = adjust_logits(logits, [params, SamplingParams()], [prompt, prompt], [output, output])
+    assert not torch.isnan(steered).any() and steered[0].max() > -math.inf
+    assert torch.equal(steered[1], logits[1])
+    if not params.greedy:
+        probs = filtered_probabilities(steered[0], params)
+        assert torch.isfinite(probs).all() and float(probs.sum()) == pytest.approx(1.0, abs=1e-6)
+        unfiltered = filtered_probabilities(steered[0], SamplingParams(temperature=temperature))
+        assert probs[unfiltered == unfiltered.max()].sum() > 0
+    seq = SimpleNamespace(params=params, generator=torch.Generator().manual_seed(seed), prompt_token_ids=prompt,
+                          output_token_ids=output, grammar=None)  # fmt: skip
+    (result,) = sample_batch(logits[:1], [seq])
+    assert isinstance(result, Sample) and 0 <= result.token < VOCAB
+    if params.greedy:
+        assert result.token == int(steered[0].argmax())
+    assert sample(logits[0], params, torch.Generator().manual_seed(seed), (prompt, output)) in range(VOCAB)
+
+
+def test_penalties_mean_what_openai_and_vllm_say():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    prompt, output = [1], [0, 0, 2]  # token 0 twice, token 2 once in the output; token 1 in the prompt only
+
+    def steer(**settings):
+        return adjust_logits(logits, [SamplingParams(**settings)], [prompt], [output])[0].tolist()
+
+    assert steer(frequency_penalty=0.5) == [1.0, -1.0, 0.0, 3.0]  # − f · count
+    assert steer(presence_penalty=0.5) == [1.5, -1.0, 0.0, 3.0]  # − p once, if generated at all
+    assert steer(repetition_penalty=2.0) == [1.0, -2.0, 0.25, 3.0]  # prompt and output; / if > 0, · if not
+    assert steer(logit_bias={3: -100.0, 1: 1.5}) == [2.0, 0.5, 0.5, -97.0]
+    assert steer() == logits[0].tolist()
+    # Overflow saturates, so a row keeps a finite token: every token seen, each pushed down by 1e300.
+    huge = adjust_logits(torch.full((1, 3), -3e38), [SamplingParams(repetition_penalty=1e300)], [[0, 1, 2]], [[]])
+    assert huge.tolist() == [[-torch.finfo(torch.float32).max] * 3]
+
+
+def test_min_p_keeps_tokens_at_least_that_share_of_the_most_likely():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    probs = filtered_probabilities(logits, SamplingParams(min_p=0.5))  # keep p ≥ 0.25
+    assert probs.tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])
+    assert filtered_probabilities(logits, SamplingParams(min_p=1.0)).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_steered_rows_in_a_batch_are_steered_as_each_alone():
+    rng = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, VOCAB, generator=rng)
+    settings = [SamplingParams(), SamplingParams(frequency_penalty=1.0), SamplingParams(repetition_penalty=1.3),
+                SamplingParams(), SamplingParams(presence_penalty=-0.5, logit_bias={4: 2.0})]  # fmt: skip
+    prompts = [[1, 2], [3], [4, 4, 5], [], [6]]
+    outputs = [[7], [3, 3, 8], [5], [1], [4, 9]]
+    together = adjust_logits(logits, settings, prompts, outputs)
+    for i in range(5):
+        alone = adjust_logits(logits[i : i + 1], settings[i : i + 1], prompts[i : i + 1], outputs[i : i + 1])
+        assert torch.equal(together[i], alone[0])
+    assert adjust_logits(logits, [SamplingParams()] * 5, prompts, outputs) is logits  # nothing to do: no copy
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
+        ("frequency_penalty", math.nan),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", math.inf),
+        ("min_p", 1.5),
+        ("min_p", -0.1),
+        ("logit_bias", {1: 101.0}),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {"1": 1.0}),
+        ("n", 2),
+        ("best_of", 2),
+    ],
+)
+def test_steering_outside_what_the_engine_can_honour_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field} must"):
+        SamplingParams(**{field: value})
+
+
+def test_n_and_best_of_above_one_say_they_are_not_supported():
+    with pytest.raises(ValueError, match="one choice per request"):
+        SamplingParams(n=3)

@@ -26,8 +26,7 @@ def one_process_tokens():
 
 
 def test_two_ranks_give_one_process_greedy_tokens_with_prefix_hits_chunks_and_preemption(one_process_tokens):
-    llm = LLM(tensor_parallel_size=2, **{**TIGHT, "enable_tracing": True})
-    try:
+    with LLM(tensor_parallel_size=2, **{**TIGHT, "enable_tracing": True}) as llm:
         llm.engine.parallel.comm.traffic.reset()
         outs = llm.generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == one_process_tokens
@@ -42,9 +41,22 @@ def test_two_ranks_give_one_process_greedy_tokens_with_prefix_hits_chunks_and_pr
         # each rank holds half the KV heads: the same blocks take half the bytes
         assert llm.engine.kv_bytes_per_token() * 2 == LLM(**TIGHT).engine.kv_bytes_per_token()
         workers = llm.engine.parallel.workers
-    finally:
-        llm.engine.shutdown()
-    assert [w.exitcode for w in workers] == [0]
+    assert [w.exitcode for w in workers] == [0]  # leaving the block closed the engine: the rank exited, reaped
+    llm.close()  # and closing again is harmless
+
+
+def test_a_script_without_a_main_guard_starts_its_ranks(tmp_path):
+    """Spawned ranks do not run the user's script again, so the guard multiprocessing usually needs is not."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from minserve import LLM, SamplingParams\n"
+        "llm = LLM(tensor_parallel_size=2, enable_tracing=False)\n"
+        "out = llm.generate(['def add(a, b):'], SamplingParams(max_tokens=3, ignore_eos=True))[0]\n"
+        "print('tokens', len(out.token_ids))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tokens 3" in done.stdout and "bootstrapping" not in done.stderr
 
 
 def test_a_rank_that_dies_fails_the_engine_with_a_clear_error():
@@ -93,7 +105,7 @@ def test_torchrun_starts_the_ranks_and_rank_0_gives_one_process_text():
     the engine and the others serve it as workers; a launch of the wrong size is refused, naming the fix."""
     # torchrun gives each rank one torch thread; its --standalone rendezvous picks a free port on this machine.
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-               "minserve.cli", "generate", "def fibonacci(n):", "--dtype", "float32", "--max-tokens", "12",
+               "minserve.cli", "generate", "def fibonacci(n):", "--raw", "--dtype", "float32", "--max-tokens", "12",
                "--temperature", "0"]  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     reference = LLM(dtype="float32").generate(["def fibonacci(n):"], SamplingParams(max_tokens=12, temperature=0))

@@ -49,6 +49,7 @@ from minserve.engine.input_processor import InputProcessor
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.service_rates import PRIOR, ServiceRates
+from minserve.engine.spawning import spawning_without_the_main_script
 from minserve.model.tokenizer import Tokenizer
 from minserve.trace import TraceEvent
 
@@ -182,7 +183,8 @@ class AsyncLLMEngine:
         self._process = context.Process(
             target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=daemon
         )
-        self._process.start()
+        with spawning_without_the_main_script():
+            self._process.start()
         child_conn.close()  # the child holds its end; closing ours lets a dead child show up as EOF
         self.info = self._wait_until_ready()
         self._stats = self.info.stats

@@ -39,6 +39,7 @@ from minserve.engine.sampler import Sample, SamplingError
 from minserve.engine.scheduler import ScheduledBatch, Scheduler
 from minserve.engine.sequence import Sequence, SequenceStatus
 from minserve.engine.speculative.proposer import Proposer
+from minserve.engine.structured import advance
 from minserve.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -333,11 +334,16 @@ class EngineCore:
 
     def _propose_drafts(self) -> None:
         """Drafts for each running sequence that is decoding, at most one token short of what it may still
-        produce (the last one always comes from the model), never for a request that wants logprobs."""
+        produce (the last one always comes from the model), never for a request that wants logprobs or follows a
+        structured-output format (its tokens are masked one at a time; a draft would need the mask at every
+        position it proposes)."""
         decoding = [
             seq
             for seq in self.scheduler.running
-            if seq.num_uncomputed_tokens == 1 and seq.output_token_ids and not seq.params.logprobs
+            if seq.num_uncomputed_tokens == 1
+            and seq.output_token_ids
+            and not seq.params.logprobs
+            and seq.grammar is None
         ]
         wanted = [min(self.proposer.num_speculative_tokens, self._room(seq)) for seq in decoding]
         for seq, drafts in zip(decoding, self.proposer.propose(decoding, wanted)):
@@ -396,6 +402,8 @@ class EngineCore:
         """Add one token to ``seq``; return why it stops now, if it does."""
         token = sample.token
         seq.output_token_ids.append(token)
+        if seq.grammar is not None:
+            advance(seq.grammar, token)
         if sample.logprob is not None:
             seq.output_logprobs.append(sample.logprob)
         if sample.top_logprobs is not None:

@@ -149,6 +149,7 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time_s=arrival_s),
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             generator=make_generator(params, self.device),
+            grammar=self.inputs.grammar(params),
             priority=priority,
             deadline_s=None if deadline_s is None else arrival_s + deadline_s,
             waiting_since_s=arrival_s,

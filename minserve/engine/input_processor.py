@@ -14,6 +14,7 @@ context holds; ``SLACK`` leaves room for normalizers that shorten text before it
 from __future__ import annotations
 
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.structured import GrammarCompiler, Matcher, StructuredOutputError
 from minserve.model.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -31,6 +32,8 @@ class InputProcessor:
         self.kv_capacity_tokens = kv_capacity_tokens
         longest = max((len(tokenizer.id_to_token(i) or "") for i in range(tokenizer.vocab_size)), default=0)
         self.max_prompt_chars = max_model_len * max(longest, MIN_CHARS_PER_TOKEN) * SLACK
+        end_token_id = tokenizer.end_of_turn_token_id or tokenizer.eos_token_id
+        self.grammars = None if end_token_id is None else GrammarCompiler(tokenizer, end_token_id, vocab_size)
 
     def encode(self, prompt: Prompt, index: int | None = None, parse_special: bool = True) -> list[int]:
         """Token ids of a prompt, checked. ``index`` only makes the error message point at the prompt.
@@ -50,12 +53,13 @@ class InputProcessor:
             raise ValueError(f"{where}: the prompt is empty")
         return ids
 
-    def encode_chat(self, messages: list[dict]) -> tuple[str, list[int]]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> tuple[str, list[int]]:
         """A chat's prompt text and token ids, checked: the template's markers are control tokens, what the
-        messages say is plain text (:meth:`~minserve.model.tokenizer.Tokenizer.encode_chat`)."""
+        messages say is plain text (:meth:`~minserve.model.tokenizer.Tokenizer.encode_chat`); ``tools`` go to a
+        template that takes them, and are refused by one that does not."""
         for i, message in enumerate(messages):
             self._check_text(str(message.get("content") or ""), f"messages.{i}.content")
-        text, ids = self.tokenizer.encode_chat(messages)
+        text, ids = self.tokenizer.encode_chat(messages, tools=tools)
         self._check_text(text, "messages")
         return text, ids
 
@@ -72,8 +76,11 @@ class InputProcessor:
     def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Refuse a request that could never run as asked: too long for the context, a prompt plus
         ``max_tokens`` beyond the context (as vLLM's server does: a caller is never surprised by a shorter
-        answer than it asked for), or more than the whole KV cache. The offline API and the server both
-        refuse by this one rule."""
+        answer than it asked for), more than the whole KV cache, or a ``logit_bias`` for a token the
+        vocabulary lacks, or a structured-output format that does not compile. The offline API and the
+        server both refuse by this one rule."""
+        params.check_token_ids(self.vocab_size)
+        self.grammar(params)
         n = len(prompt_token_ids)
         check_fits(n, params.max_tokens, self.max_model_len, self.kv_capacity_tokens)
         if n + params.max_tokens > self.max_model_len:
@@ -81,6 +88,15 @@ class InputProcessor:
                 f"max_tokens: the context holds {self.max_model_len} tokens and the prompt takes {n}, so "
                 f"max_tokens can be at most {self.max_model_len - n}; you asked for {params.max_tokens}"
             )
+
+    def grammar(self, params: SamplingParams) -> Matcher | None:
+        """A fresh matcher for the request's structured-output format (None without one); a format that does
+        not compile is a :class:`~minserve.engine.structured.StructuredOutputError` (a ``ValueError``)."""
+        if params.structured_outputs is None:
+            return None
+        if self.grammars is None:
+            raise StructuredOutputError("structured_outputs: this model's tokenizer names no end token to stop on")
+        return self.grammars.matcher(params.structured_outputs)
 
 
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int | None, kv_capacity_tokens: int) -> None:

@@ -1,6 +1,7 @@
-"""The offline API: ``LLM(model).generate(prompts, params)`` and ``LLM.stream(...)``.
+"""The offline API: ``LLM(model).generate(prompts, params)``, ``LLM.chat(conversations, params)`` and
+``LLM.stream(...)``.
 
-Both drive :class:`~minserve.engine.engine.LLMEngine`'s ``step()`` loop, the same loop the server runs:
+All drive :class:`~minserve.engine.engine.LLMEngine`'s ``step()`` loop, the same loop the server runs:
 requests are batched continuously, share cached prefixes, and come back in prompt order.
 """
 
@@ -21,6 +22,7 @@ from minserve.model.loader import DEFAULT_MODEL
 from minserve.trace import Tracer
 
 Prompt = str | list[int]
+Conversation = Sequence[dict[str, Any]]  # {"role": "user", "content": "Hi"}, …
 
 
 class LLM:
@@ -78,21 +80,29 @@ class LLM:
 
     def chat(
         self,
-        conversations: list[dict] | Sequence[list[dict]],
+        messages: Conversation | Sequence[Conversation],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Answer one conversation (a list of ``{"role", "content"}`` messages) or several, through the chat
+        """Answer one conversation or several, as vLLM's ``LLM.chat``: a conversation is a list of
+        ``{"role", "content"}`` messages (content a string, or OpenAI's list of ``{"type": "text", "text"}``
+        parts), and ``messages`` is one conversation or a list of them. Each goes through the model's chat
         template, as the server's chat endpoint does: what a message says is plain text, so control-token text
-        in it (``<|im_end|>``) never becomes a control token. Outputs come back in order."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]
+        in it (``<|im_end|>``) never becomes a control token. ``params`` is one for all or one per
+        conversation; one output per conversation, in order."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
-        for i, messages in enumerate(conversations):
+        for i, conversation in enumerate(conversations):
             try:
-                prompts.append(self.engine.inputs.encode_chat(list(messages))[1])
+                prompts.append(self.encode_chat(conversation))
             except ValueError as error:
                 raise ValueError(f"conversation {i}: {error}") from error
-        return self.generate(prompts, params)
+        return self.generate(prompts, params, use_tqdm)
+
+    def encode_chat(self, messages: Conversation) -> list[int]:
+        """One conversation's prompt token ids, through the chat template, ending where the assistant's reply
+        begins (what :meth:`chat` sends; :meth:`stream` takes it to stream a reply)."""
+        return self.engine.inputs.encode_chat([_plain_message(m) for m in messages])[1]
 
     def stream(
         self,
@@ -123,6 +133,18 @@ class LLM:
         """KV blocks total and used, prefix-cache hit rate, preemptions, running and waiting requests."""
         return self.engine.stats().as_dict()
 
+    def close(self) -> None:
+        """Stop the engine's rank processes (tensor or pipeline parallel), waiting until each has exited;
+        nothing else holds an outside resource. Safe to call twice. An ``LLM`` dropped without it has its
+        ranks killed and reaped when it is collected."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _add_all(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -149,6 +171,17 @@ class LLM:
                 prompts, encoded, params_list, priorities, deadlines, tokenize_s
             )
         ]
+
+
+def _plain_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose content is OpenAI's list of text parts, as one string (what a template renders)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
+            raise ValueError('a message\'s content must be a string or a list of {"type": "text", "text": …} parts')
+        return {**message, "content": "".join(texts)}
+    return message
 
 
 def _per_prompt(value, n: int, name: str) -> list:

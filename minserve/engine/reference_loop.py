@@ -75,7 +75,7 @@ def generate_token_ids(
         )
         with _borrowed_kv_caches(model, caches):  # never left attached while the caller holds a token
             hidden = model(torch.tensor(new, device=device), positions, meta)
-        token = sample(model.compute_logits(hidden[-1:])[0], params, generator)
+        token = sample(model.compute_logits(hidden[-1:])[0], params, generator, (prompt_token_ids, output))
         output.append(token)
         tokens.append(token)
         yield token, time.perf_counter()

@@ -1,4 +1,7 @@
-"""Turn a row of logits into a token: greedy, or temperature with top-k and top-p filtering.
+"""Turn a row of logits into a token: greedy, or temperature with top-k, top-p and min-p filtering.
+
+A request's logit bias and repetition, frequency and presence penalties steer its row first
+(:mod:`minserve.engine.penalties`), greedy or not; min-p is one more filter after temperature.
 
 Sampling must be safe for every setting the API accepts, however extreme: a temperature of 1e-300, a top-p
 of 5e-324, logits that hold ±inf. Two rules make it so. The logits are shifted so that the largest is 0
@@ -19,7 +22,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minserve.engine.penalties import adjust_logits
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.structured import constrain_logits
 
 if TYPE_CHECKING:
     from minserve.engine.sequence import Sequence
@@ -50,8 +55,20 @@ def make_generator(params: SamplingParams, device: torch.device) -> torch.Genera
     return torch.Generator(device=device).manual_seed(params.seed)
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
-    """One token id from ``logits`` (``[vocab]``). Raises :class:`SamplingError` for unusable logits."""
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    history: tuple[SequenceOf[int], SequenceOf[int]] = ((), ()),
+) -> int:
+    """One token id from ``logits`` (``[vocab]``), steered by ``params``' penalties given ``history``, the
+    request's (prompt, output) token ids so far. Raises :class:`SamplingError` for unusable logits."""
+    prompt, output = history
+    return _pick(adjust_logits(logits[None], [params], [prompt], [output])[0], params, generator)
+
+
+def _pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token id from a row of already steered logits: its argmax, or a draw from the filtered softmax."""
     if params.greedy:
         return int(logits.argmax())
     probs = filtered_probabilities(logits, params)
@@ -59,7 +76,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def filtered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """softmax(logits / temperature), keeping only the top-k tokens and the top-p nucleus, renormalised.
+    """softmax(logits / temperature), keeping only the top-k tokens, those at least ``min_p`` times as likely
+    as the most likely, and the top-p nucleus, renormalised.
 
     Always a valid distribution (finite, non-negative, summing to 1, the most likely token kept), or a
     :class:`SamplingError`.
@@ -69,6 +87,9 @@ def filtered_probabilities(logits: torch.Tensor, params: SamplingParams) -> torc
         kth_largest = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_largest, -math.inf)
     probs = torch.softmax(scaled, dim=-1)
+    if params.min_p > 0:  # the most likely token passes: its probability is ≥ min_p times itself
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+        probs = probs / probs.sum()  # top-p below reads cumulative mass as a share of 1
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         # Keep a token while the mass before it is still short of top_p. The first is kept whatever top_p
@@ -97,18 +118,23 @@ def _scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[Sample | SamplingError]:
     """One :class:`Sample` per row of ``logits`` (``[len(seqs), vocab]``), with each sequence's settings.
 
-    Greedy rows are one argmax for the whole batch; sampled rows each draw from their own generator, so a
-    seeded request gets the same tokens whatever else shares its batch. A row that cannot be sampled gives
-    a :class:`SamplingError` in its place, and the other rows are unaffected.
+    The rows with penalties or a bias are steered together first, then the rows with a structured-output
+    format lose every token it forbids. Greedy rows are one argmax for the whole
+    batch; sampled rows each draw from their own generator, so a seeded request gets the same tokens whatever
+    else shares its batch. A row that cannot be sampled gives a :class:`SamplingError` in its place, and the
+    other rows are unaffected. Log-probabilities are the model's own, before any steering (vLLM's default).
     """
-    tokens: list[int | SamplingError] = logits.argmax(dim=-1).tolist()
+    params = [seq.params for seq in seqs]
+    steered = adjust_logits(logits, params, [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
+    steered = constrain_logits(steered, [seq.grammar for seq in seqs])  # a format's forbidden tokens: -inf
+    tokens: list[int | SamplingError] = steered.argmax(dim=-1).tolist()
     broken = torch.isnan(logits).any(dim=-1).tolist()  # argmax would pick a NaN as if it were the best
     for row, seq in enumerate(seqs):
         if broken[row]:
             tokens[row] = SamplingError("the model produced NaN logits")
         elif not seq.params.greedy:
             try:
-                tokens[row] = sample(logits[row], seq.params, seq.generator)
+                tokens[row] = _pick(steered[row], seq.params, seq.generator)
             except SamplingError as error:
                 tokens[row] = error
             except Exception as error:  # whatever else breaks in one row fails that request, not the batch

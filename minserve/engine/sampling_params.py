@@ -1,9 +1,11 @@
-"""What a caller asks of one request: how long, how random, when to stop."""
+"""What a caller asks of one request: how long, how random, which tokens to favour or avoid, when to stop."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from minserve.engine.structured import StructuredOutputs
 
 # torch.Generator.manual_seed takes any integer in this range (a signed or an unsigned 64-bit value).
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -11,6 +13,9 @@ MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API: more alternatives than this are r
 # The shortest timeout a request may ask for, seconds: below a millisecond no request could even be queued,
 # and 5e-324 is a typo or a probe, not a deadline. The server publishes it in its schema.
 MIN_TIMEOUT_S = 0.001
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty lie in [-2, 2], as in OpenAI's API and vLLM's
+MAX_LOGIT_BIAS = 100.0  # a logit_bias value lies in [-100, 100], as in OpenAI's API (-100 bans a token in effect)
+ONE_CHOICE = "minserve returns one choice per request; send the request that many times (with different seeds)"
 
 
 @dataclass
@@ -22,6 +27,15 @@ class SamplingParams:
     output (the matched string is not included); so does an end-of-sequence token unless ``ignore_eos``.
     ``logprobs`` asks for the log-probability of each chosen token (under the unscaled distribution), and
     ``top_logprobs`` (with it, 0–20) for that many of the most likely tokens at each step as well.
+
+    Steering, with OpenAI's and vLLM's meanings (applied by :mod:`minserve.engine.penalties`, greedy rows
+    included): ``logit_bias`` adds its value (−100 … 100) to a token's logit; ``repetition_penalty`` (> 0,
+    1 is off) divides a positive logit of a token already in the prompt or the output by it and multiplies a
+    negative one; ``frequency_penalty`` (−2 … 2) subtracts itself once per time a token was generated,
+    ``presence_penalty`` (−2 … 2) once if it was generated at all; ``min_p`` (0 … 1, 0 is off) drops tokens
+    less likely than ``min_p`` times the most likely one. ``n`` and ``best_of`` are accepted at 1 only:
+    one request gives one output. ``structured_outputs`` constrains every token to a format
+    (:mod:`minserve.engine.structured`), after the steering.
     Numbers must be finite: ``inf`` and ``nan`` are refused, like every other value out of range.
     """
 
@@ -34,6 +48,14 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False  # report the log-probability of each chosen token
     top_logprobs: int = 0  # and of this many most likely alternatives (needs logprobs)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id → added to its logit
+    n: int = 1  # outputs per request: only 1
+    best_of: int | None = None  # candidates to pick the best of: only 1 (or None)
+    structured_outputs: StructuredOutputs | None = None  # a format the output must follow (JSON, regex, …)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -59,10 +81,53 @@ class SamplingParams:
             self.top_logprobs,
         )
         _check(self.logprobs or not self.top_logprobs, "top_logprobs", "0 unless logprobs is set", self.top_logprobs)
+        self._check_steering()
+        _check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
+            "structured_outputs",
+            "None or a StructuredOutputs",
+            self.structured_outputs,
+        )
+        _check(
+            not (self.structured_outputs and self.ignore_eos),
+            "ignore_eos",
+            "False with structured_outputs (a finished format ends with the end token)",
+            self.ignore_eos,
+        )
+
+    def _check_steering(self) -> None:
+        """The penalties, ``min_p``, ``logit_bias``, and ``n`` / ``best_of`` (one output per request)."""
+        span = f"a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 is off)"
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_number(value) and abs(value) <= MAX_PENALTY, name, span, value)
+        rep = self.repetition_penalty
+        _check(_is_number(rep) and rep > 0, "repetition_penalty", "a number > 0 (1 is off)", rep)
+        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1] (0 is off)", self.min_p)
+        bias = self.logit_bias
+        _check(
+            bias is None or (isinstance(bias, dict) and all(_is_bias(t, v) for t, v in bias.items())),
+            "logit_bias",
+            f"None or a dict of token ids (integers ≥ 0) to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            bias,
+        )
+        _check(_is_int(self.n) and self.n == 1, "n", f"1: {ONE_CHOICE}", self.n)
+        best_of = self.best_of
+        _check(best_of is None or (_is_int(best_of) and best_of == 1), "best_of", f"None or 1: {ONE_CHOICE}", best_of)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any penalty or bias changes this request's logits before it picks a token."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1 or self.logit_bias)
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Refuse a ``logit_bias`` for a token the vocabulary (``vocab_size`` ids) does not have."""
+        outside = sorted(t for t in self.logit_bias or {} if t >= vocab_size)
+        _check(not outside, "logit_bias", f"keyed by token ids below the vocabulary size {vocab_size}", outside)
 
 
 def check_request_options(priority: object, deadline_s: object) -> None:
@@ -82,6 +147,10 @@ def _is_number(value: object) -> bool:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_bias(token_id: object, value: object) -> bool:
+    return _is_int(token_id) and token_id >= 0 and _is_number(value) and abs(value) <= MAX_LOGIT_BIAS
 
 
 def _check(ok: bool, name: str, expected: str, value: object) -> None:

@@ -16,6 +16,7 @@ import torch
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.outputs import RequestMetrics
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.structured import Matcher
 
 
 class SequenceStatus(enum.Enum):
@@ -59,6 +60,8 @@ class Sequence:
     # Speculative decoding: tokens proposed for this step, run after its last token and verified by the
     # model. Never part of token_ids; the ones the model keeps are appended as outputs after the step.
     draft_token_ids: list[int] = field(default_factory=list)
+    # Structured output: where the output stands in its format, advanced by every token appended.
+    grammar: Matcher | None = None
 
     @property
     def token_ids(self) -> list[int]:

@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 from minserve.config import EngineConfig
 from minserve.engine.model_runner import ModelRunner
+from minserve.engine.spawning import spawning_without_the_main_script
 from minserve.parallel import Communicator
 
 if TYPE_CHECKING:
@@ -143,8 +144,9 @@ class ParallelGroup:
             context.Process(target=worker_main, args=(rank, world_size, address, config, worker_runner), daemon=True)
             for rank in range(1, world_size)
         ]
-        for worker in workers:
-            worker.start()
+        with spawning_without_the_main_script():
+            for worker in workers:
+                worker.start()
         try:
             _wait_for_workers(store, workers, name)
             _join(0, world_size, address, device, store)

@@ -90,6 +90,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
 
+    def tokenizer_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (for a GGUF file, the one rebuilt from its metadata)."""
+        return self._tokenizer.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; the tokenizer's own post-processor adds BOS where the model expects it.
 
@@ -114,26 +118,34 @@ class Tokenizer:
         tokens = self._tokenizer.get_added_tokens_decoder().values()
         return tuple(token.content for token in tokens if token.special and token.content)
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> tuple[str, list[int]]:
         """The chat prompt's text and token ids: the template's markers as control tokens, each message's
         content as plain text whatever it spells. ``TokenizerError`` if the template rewrites a content that
-        spells a control token, so that where it lands cannot be told (never the case for ChatML or Llama 3)."""
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        spells a control token, so that where it lands cannot be told (never the case for ChatML or Llama 3).
+        ``tools`` (OpenAI's function descriptions) go to a template that takes them."""
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         contents = [str(message.get("content") or "") for message in messages]
         if not any(special in content for content in contents for special in self.special_texts):
             return text, self.encode(text)  # nothing to protect: exactly the template's tokenization
-        pieces = self._chat_pieces(messages, contents, add_generation_prompt, text)
+        pieces = self._chat_pieces(messages, contents, add_generation_prompt, text, tools)
         template = self._tokenizer.encode_batch([p for p, is_content in pieces if not is_content], False)
         plain = self._plain.encode_batch([p for p, is_content in pieces if is_content], False)
         ordered = [(plain if is_content else template).pop(0) for _, is_content in pieces]
         return text, self._tokenizer.post_process(Encoding.merge(ordered, growing_offsets=True)).ids
 
     def _chat_pieces(
-        self, messages: list[dict[str, Any]], contents: list[str], add_generation_prompt: bool, text: str
+        self,
+        messages: list[dict[str, Any]],
+        contents: list[str],
+        add_generation_prompt: bool,
+        text: str,
+        tools: list[dict] | None,
     ) -> list[tuple[str, bool]]:
         """The rendered prompt cut into (piece, is a message's content), checked to spell ``text`` exactly."""
         slotted = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
-        parts = _CONTENT_SLOT.split(self.apply_chat_template(slotted, add_generation_prompt))
+        parts = _CONTENT_SLOT.split(self.apply_chat_template(slotted, add_generation_prompt, tools))
         for shape in (str, str.strip):  # as given, or trimmed (Llama 3's template trims each content)
             pieces = [(contents[int(p)] if i % 2 else p, bool(i % 2)) for i, p in enumerate(parts)]
             pieces = [(shape(p) if is_content else p, is_content) for p, is_content in pieces]
@@ -145,30 +157,56 @@ class Tokenizer:
             "rewrites message content, so it cannot be kept as plain text; remove the control token"
         )
 
+    @functools.cached_property
+    def takes_tools(self) -> bool:
+        """Whether the chat template reads a ``tools`` variable (Llama 3.1's and Qwen's do; ChatML's does not)."""
+        if self.chat_template is None:
+            return False
+        from jinja2 import meta
+
+        env = _template_environment()
+        return "tools" in meta.find_undeclared_variables(env.parse(self.chat_template))
+
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tokenizer.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a list of ``{"role": ..., "content": ...}`` messages."""
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text for a list of ``{"role": ..., "content": ...}`` messages, and ``tools`` for a template
+        that takes them (``TokenizerError`` for one that does not: they would be dropped without a word)."""
         if self.chat_template is None:
             raise TokenizerError("this tokenizer has no chat template; send a plain completion prompt instead")
+        if tools and not self.takes_tools:
+            raise TokenizerError("tools: this model's chat template has no place for tools; send the request without")
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_template_error
         try:
-            return env.from_string(self.chat_template).render(
-                messages=messages,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
+            return (
+                _template_environment()
+                .from_string(self.chat_template)
+                .render(
+                    messages=messages,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token or "",
+                    eos_token=self.eos_token or "",
+                    **({"tools": tools} if tools else {}),
+                )
             )
         except TemplateError as error:
             raise TokenizerError(f"the chat template rejected the messages: {error}") from error
+
+
+def _template_environment() -> Any:
+    """jinja2's sandbox, as transformers renders chat templates (a template is data from a checkpoint)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_template_error
+    return env
 
 
 def _raise_template_error(message: str) -> None:

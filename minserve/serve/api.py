@@ -198,17 +198,18 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         params = _params(body, max_tokens or config.default_max_tokens, top)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         fills_context = max_tokens is None  # the default shrinks to what the context leaves; a request's own does not
-        return await _run(body, request, reply, params, lambda: _chat_prompt(messages), fills_context)
+        tools = body.template_tools()
+        return await _run(body, request, reply, params, lambda: _chat_prompt(messages, tools), fills_context)
 
     def _completion_prompt(prompt: str | list[int]) -> tuple[str | list[int], list[int]]:
         # A client's text is text: control tokens come only as token ids.
         return prompt, _refuse_invalid(lambda: engine.inputs.encode(prompt, parse_special=False))
 
-    def _chat_prompt(messages: list[dict]) -> tuple[str, list[int]]:
+    def _chat_prompt(messages: list[dict], tools: list[dict] | None) -> tuple[str, list[int]]:
         try:
-            return engine.inputs.encode_chat(messages)
+            return engine.inputs.encode_chat(messages, tools)
         except ValueError as error:
-            param = _param_of(error) if str(error).startswith("messages") else "messages"
+            param = _param_of(error) if str(error).startswith(("messages", "tools")) else "messages"
             raise ApiError(400, str(error), param=param) from error
 
     async def _run(
@@ -301,19 +302,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
 
 def _params(body: SamplingFields, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
     """The engine's settings for a request; a value the engine refuses is a 400 naming its field."""
-    return _refuse_invalid(
-        lambda: SamplingParams(
-            max_tokens=max_tokens,
-            temperature=body.temperature,
-            top_k=body.top_k,
-            top_p=body.top_p,
-            seed=body.seed,
-            stop=body.stop_strings,
-            ignore_eos=body.ignore_eos,
-            logprobs=top_logprobs is not None,
-            top_logprobs=top_logprobs or 0,
-        )
-    )
+    return _refuse_invalid(lambda: body.sampling_params(max_tokens, top_logprobs))
 
 
 def _own_timeout_s(body_s: float | None, header: str | None, server_timeout_s: float) -> float | None:

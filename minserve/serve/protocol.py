@@ -6,7 +6,10 @@ engine, and the OpenAPI schema at ``/openapi.json`` states every rule the server
 (which Python's JSON parser accepts) are no numbers at all. An integer is what JSON Schema calls one, so a
 whole float (``1.0``) is an integer, and ``1.5`` is not. Text must be valid Unicode: a lone surrogate
 (``"\\ud800"`` in JSON) cannot be encoded, so it is refused rather than left to break the tokenizer.
-minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``, ``timeout``) are marked.
+minserve extensions to the OpenAI schema (``top_k``, ``ignore_eos``, ``priority``, ``timeout``) are marked, and
+so are vLLM's (``repetition_penalty``, ``min_p``). Every sampling field is honoured (:meth:`SamplingFields.
+sampling_params` hands each to the engine, which checks it by the same rule as offline); ``n`` and ``best_of``
+above 1 are refused with a 400 that says so, never ignored.
 """
 
 from __future__ import annotations
@@ -16,14 +19,27 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from minserve.engine.input_processor import unicode_problem
-from minserve.engine.sampling_params import MAX_TOP_LOGPROBS, MIN_TIMEOUT_S, SEED_MAX, SEED_MIN
+from minserve.engine.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+    MIN_TIMEOUT_S,
+    ONE_CHOICE,
+    SEED_MAX,
+    SEED_MIN,
+    SamplingParams,
+)
+from minserve.engine.structured import StructuredOutputs
+from minserve.serve.formats import ResponseFormat, StructuredOutputsField, requested_format
 
 if TYPE_CHECKING:
     from minserve.engine.outputs import RequestOutput
 
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit on `logprobs`
-STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")  # OpenAI clients send fields we do not use
+# A field the server does not know is refused (400, naming it), never accepted and ignored: a client that asked
+# for something and did not get it must be told.
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
 
 
 def _valid_unicode(text: str) -> str:
@@ -46,6 +62,9 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_valid_unicode)]
 TokenId = Annotated[Int, Field(ge=0)]
 Seed = Annotated[Int, Field(ge=SEED_MIN, le=SEED_MAX)]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")]  # JSON object keys are strings: "50256"
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]
 
 
 class StreamOptions(BaseModel):
@@ -75,11 +94,54 @@ class SamplingFields(BaseModel):
         "after arrival past which the request is stopped (504); a longer one than the server's request timeout "
         "is capped at it; also the header X-Request-Timeout"
     )  # fmt: skip
-    n: Int = Field(default=1, ge=1, le=1, description="one choice per request")
+    presence_penalty: Penalty = Field(default=0.0, description="subtracted from a token's logit if it was generated")
+    frequency_penalty: Penalty = Field(default=0.0, description="subtracted once per time a token was generated")
+    repetition_penalty: float = Field(
+        default=1.0,
+        gt=0,
+        description="vLLM extension: 1 is off; above 1, tokens of the prompt or output are less likely",
+    )
+    min_p: float = Field(default=0.0, ge=0, le=1, description="vLLM extension: drop tokens below min_p × the top one")
+    logit_bias: dict[TokenIdKey, Bias] | None = Field(
+        default=None, description="token id (as a string) → added to its logit; ids must be in the vocabulary"
+    )
+    # The engine refuses n, best_of > 1 with its own words (a 400 naming the field); the schema still says so.
+    n: Int = Field(default=1, ge=1, json_schema_extra={"maximum": 1}, description=f"only 1: {ONE_CHOICE}")
+    best_of: Int | None = Field(default=None, ge=1, json_schema_extra={"maximum": 1}, description="only 1 (or null)")
+    structured_outputs: StructuredOutputsField | None = Field(
+        default=None, description="vLLM extension: one of json, json_object, regex, choice, grammar (Lark)"
+    )
+
+    def output_format(self) -> StructuredOutputs | None:
+        """The format the reply must follow, if the request asks for one."""
+        return requested_format(self.structured_outputs)
 
     @property
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def sampling_params(self, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+        """The engine's settings for this request, every sampling field included; ``top_logprobs`` None asks
+        for no logprobs. A value the engine refuses raises its ``ValueError``, which names the field."""
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=self.stop_strings,
+            ignore_eos=self.ignore_eos,
+            logprobs=top_logprobs is not None,
+            top_logprobs=top_logprobs or 0,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            logit_bias={int(token): bias for token, bias in self.logit_bias.items()} if self.logit_bias else None,
+            n=self.n,
+            best_of=self.best_of,
+            structured_outputs=self.output_format(),
+        )
 
 
 class CompletionRequest(SamplingFields):
@@ -133,6 +195,20 @@ class ChatCompletionRequest(SamplingFields):
     )
     logprobs: bool = False
     top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description="needs logprobs: true")
+    response_format: ResponseFormat | None = Field(default=None, description="text, json_object or json_schema")
+    tools: Annotated[list[dict[str, Any]], Field(min_length=1)] | None = Field(
+        default=None, description="rendered by the model's chat template where it takes tools; else a 400"
+    )
+    tool_choice: Literal["none", "auto"] | None = Field(
+        default=None, description="none or auto; a forced call (required, a named function) is not supported"
+    )
+
+    def output_format(self) -> StructuredOutputs | None:
+        return requested_format(self.structured_outputs, self.response_format)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools the chat template is given: none when the request says ``tool_choice: none``."""
+        return None if self.tool_choice == "none" else self.tools
 
 
 # --- responses (documented in the OpenAPI schema; the handlers build them as plain dicts) -----------------
