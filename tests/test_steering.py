@@ -81,6 +81,19 @@ def test_sampled_tokens_under_speculation_follow_the_steered_distribution():
         assert result.passed, (row, result)
 
 
+def test_min_tokens_holds_back_the_end_token_and_the_stop_strings(llm):
+    end = min(llm.engine.stop_token_ids)
+    ends_at_once = SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0})
+    assert llm.generate(["def add"], ends_at_once)[0].token_ids == [end]
+    held = llm.generate(["def add"], SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0}, min_tokens=3))
+    assert len(held[0].token_ids) == 4 and held[0].token_ids[-1] == end and held[0].finish_reason == "stop"
+    stops_early = llm.generate(["def add"], SamplingParams(max_tokens=8, temperature=0, stop=[","]))[0]
+    kept = llm.generate(["def add"], SamplingParams(max_tokens=8, temperature=0, stop=[","], min_tokens=8))[0]
+    assert len(stops_early.token_ids) < 8 and len(kept.token_ids) == 8
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+
+
 def test_a_bias_for_a_token_outside_the_vocabulary_is_refused_before_anything_runs(llm):
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate("x", SamplingParams(logit_bias={llm.tokenizer.vocab_size: 1.0}))

@@ -104,7 +104,7 @@ def test_every_published_field_reaches_the_engine(smollm2):
     published = set(schema["ChatCompletionRequest"]["properties"])
     shapes_the_reply = {"model", "messages", "stream", "stream_options", "priority", "timeout", "tools", "tool_choice"}
     samples = {
-        "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 7, "stop": ["x"], "ignore_eos": True,
+        "temperature": 0.5, "top_p": 0.5, "top_k": 5, "seed": 7, "stop": ["x"], "ignore_eos": True, "min_tokens": 2,
         "presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2, "min_p": 0.1,
         "logit_bias": {"5": 1.0}, "n": 1, "best_of": 1, "max_tokens": 3, "max_completion_tokens": 3,
         "logprobs": True, "top_logprobs": 2, "response_format": {"type": "json_object"},

@@ -334,9 +334,9 @@ class EngineCore:
 
     def _propose_drafts(self) -> None:
         """Drafts for each running sequence that is decoding, at most one token short of what it may still
-        produce (the last one always comes from the model), never for a request that wants logprobs or follows a
-        structured-output format (its tokens are masked one at a time; a draft would need the mask at every
-        position it proposes)."""
+        produce (the last one always comes from the model), never for a request that wants logprobs, follows a
+        structured-output format or is short of its ``min_tokens`` (the sampler masks those one token at a
+        time; a draft would need the mask at every position it proposes)."""
         decoding = [
             seq
             for seq in self.scheduler.running
@@ -344,6 +344,7 @@ class EngineCore:
             and seq.output_token_ids
             and not seq.params.logprobs
             and seq.grammar is None
+            and len(seq.output_token_ids) >= seq.params.min_tokens  # end tokens are held back by the sampler
         ]
         wanted = [min(self.proposer.num_speculative_tokens, self._room(seq)) for seq in decoding]
         for seq, drafts in zip(decoding, self.proposer.propose(decoding, wanted)):
@@ -421,9 +422,10 @@ class EngineCore:
 
     def _stop_reason(self, seq: Sequence, token: int) -> tuple[str, str | int | None] | None:
         params = seq.params
-        if token in self.stop_token_ids and not params.ignore_eos:
+        early = len(seq.output_token_ids) < params.min_tokens  # nothing but the length ends it yet
+        if token in self.stop_token_ids and not params.ignore_eos and not early:
             return "stop", token
-        if params.stop:
+        if params.stop and not early:
             text = seq.detokenizer.text
             window_start = max(0, seq.visible_chars - max(map(len, params.stop)))
             hits = [(text.find(s, window_start), s) for s in params.stop if text.find(s, window_start) >= 0]

@@ -150,6 +150,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             generator=make_generator(params, self.device),
             grammar=self.inputs.grammar(params),
+            held_back_token_ids=tuple(sorted(self.stop_token_ids)) if params.min_tokens else (),
             priority=priority,
             deadline_s=None if deadline_s is None else arrival_s + deadline_s,
             waiting_since_s=arrival_s,

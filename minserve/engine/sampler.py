@@ -127,6 +127,7 @@ def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[Sampl
     params = [seq.params for seq in seqs]
     steered = adjust_logits(logits, params, [s.prompt_token_ids for s in seqs], [s.output_token_ids for s in seqs])
     steered = constrain_logits(steered, [seq.grammar for seq in seqs])  # a format's forbidden tokens: -inf
+    steered = hold_back_end_tokens(steered, seqs)
     tokens: list[int | SamplingError] = steered.argmax(dim=-1).tolist()
     broken = torch.isnan(logits).any(dim=-1).tolist()  # argmax would pick a NaN as if it were the best
     for row, seq in enumerate(seqs):
@@ -145,6 +146,22 @@ def sample_batch(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> list[Sampl
         token if isinstance(token, SamplingError) else Sample(token, *logprobs.get(row, (None, None)))
         for row, token in enumerate(tokens)
     ]
+
+
+def hold_back_end_tokens(logits: torch.Tensor, seqs: SequenceOf[Sequence]) -> torch.Tensor:
+    """``logits`` with −inf at the end tokens of every row still short of its ``min_tokens`` (vLLM's rule:
+    the output cannot end before then). ``logits`` itself when no row holds any back."""
+    rows = [
+        (row, seq.held_back_token_ids)
+        for row, seq in enumerate(seqs)
+        if seq.held_back_token_ids and len(seq.output_token_ids) < seq.params.min_tokens
+    ]
+    if not rows:
+        return logits
+    held = logits.clone()
+    for row, token_ids in rows:
+        held[row, list(token_ids)] = float("-inf")
+    return held
 
 
 def _logprobs(

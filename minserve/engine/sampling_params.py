@@ -34,7 +34,8 @@ class SamplingParams:
     negative one; ``frequency_penalty`` (−2 … 2) subtracts itself once per time a token was generated,
     ``presence_penalty`` (−2 … 2) once if it was generated at all; ``min_p`` (0 … 1, 0 is off) drops tokens
     less likely than ``min_p`` times the most likely one. ``n`` and ``best_of`` are accepted at 1 only:
-    one request gives one output. ``structured_outputs`` constrains every token to a format
+    one request gives one output. ``min_tokens`` (vLLM's) holds back every end token, and the stop strings,
+    until the output has that many tokens. ``structured_outputs`` constrains every token to a format
     (:mod:`minserve.engine.structured`), after the steering.
     Numbers must be finite: ``inf`` and ``nan`` are refused, like every other value out of range.
     """
@@ -53,6 +54,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None  # token id → added to its logit
+    min_tokens: int = 0  # no end token or stop string ends the output before this many tokens (vLLM's)
     n: int = 1  # outputs per request: only 1
     best_of: int | None = None  # candidates to pick the best of: only 1 (or None)
     structured_outputs: StructuredOutputs | None = None  # a format the output must follow (JSON, regex, …)
@@ -82,6 +84,18 @@ class SamplingParams:
         )
         _check(self.logprobs or not self.top_logprobs, "top_logprobs", "0 unless logprobs is set", self.top_logprobs)
         self._check_steering()
+        _check(
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"an integer in [0, max_tokens = {self.max_tokens}]",
+            self.min_tokens,
+        )
+        _check(
+            not (self.min_tokens and self.structured_outputs),
+            "min_tokens",
+            "0 with structured_outputs (a complete format leaves only the end token)",
+            self.min_tokens,
+        )
         _check(
             self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
             "structured_outputs",

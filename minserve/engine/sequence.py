@@ -62,6 +62,8 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     # Structured output: where the output stands in its format, advanced by every token appended.
     grammar: Matcher | None = None
+    # min_tokens: the end tokens the sampler holds back until the output is that long (empty without it).
+    held_back_token_ids: tuple[int, ...] = ()
 
     @property
     def token_ids(self) -> list[int]:

@@ -88,6 +88,9 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(default=False, description="minserve extension, as in vLLM")
+    min_tokens: Int = Field(
+        default=0, ge=0, description="vLLM extension: no end token or stop string ends the reply before this many"
+    )
     priority: Int = Field(default=0, description="minserve extension, as in vLLM: lower runs first")
     timeout: float | None = Field(
         default=None, ge=MIN_TIMEOUT_S, description=f"minserve extension: seconds (at least {MIN_TIMEOUT_S:g}) "
@@ -131,6 +134,7 @@ class SamplingFields(BaseModel):
             seed=self.seed,
             stop=self.stop_strings,
             ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
             logprobs=top_logprobs is not None,
             top_logprobs=top_logprobs or 0,
             presence_penalty=self.presence_penalty,
