@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import sys
 import tempfile
 import time
@@ -83,11 +82,10 @@ def engine_rows(num_requests: int, max_prompt: int, max_output: int) -> list[dic
     config = transformers.Qwen3Config(**QWEN3_0_6B)
     hf = transformers.Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
     directory = save_checkpoint(hf, Path(tempfile.mkdtemp(prefix="qwen3-0.6b-shape-")))
-    rng = random.Random(0)
-    requests = [
-        ([rng.randrange(3, 2048) for _ in range(rng.randint(16, max_prompt))], rng.randint(16, max_output))
-        for _ in range(num_requests)
-    ]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from offline import workload  # the offline benchmark's seeded requests, the same on every machine
+
+    requests = workload(num_requests, 0, max_prompt, max_output)
     rows = [_minserve_side(directory, requests), _transformers_side(hf.cuda(), requests)]
     base = rows[1]["tokens_per_s"]
     return [row | {"vs_transformers": row["tokens_per_s"] / base} for row in rows]

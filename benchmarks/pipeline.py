@@ -27,20 +27,13 @@ import os
 import platform
 import time
 
-import torch
-
 from minserve import LLM, SamplingParams
+from minserve.measure.prompts import random_prompts
 from minserve.parallel.pipeline import PipelineStats, predicted_bubble_fraction
 
 NUM_STAGES = 2
 COLUMNS = ("run", "m", "steps", "bubble", "formula", "bubble_prefill", "bubble_decode", "step_ms", "stage_ms",
            "tok_s")  # fmt: skip
-
-
-def prompts(count: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    """``count`` random prompts of ``length`` token ids (seeded; no two share a prefix)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab_size, (count, length), generator=generator).tolist()
 
 
 def run(llm: LLM, batch: list[list[int]], params: SamplingParams) -> tuple[list[list[int]], float, list[bool]]:
@@ -59,7 +52,7 @@ def measure(model: str, micro_batches: list[int], num_prompts: int, prompt_token
     params = SamplingParams(max_tokens=num_tokens, temperature=0, ignore_eos=True)
     options = {"dtype": "float32", "num_threads": 1, "enable_tracing": False}
     one = LLM(model, **options)
-    batch = prompts(num_prompts, prompt_tokens, one.model_config.vocab_size)
+    batch = random_prompts([prompt_tokens] * num_prompts, one.model_config.vocab_size)
     expected, seconds, prefilled = run(one, batch, params)
     rows = [{"run": "one process", "m": "", "steps": len(prefilled), "bubble": "", "formula": "",
              "bubble_prefill": "", "bubble_decode": "", "step_ms": "", "stage_ms": "",

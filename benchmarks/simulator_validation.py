@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minserve import LLM, SamplingParams, slo
+from minserve import LLM, slo
 from minserve.capacity.calibration import calibrate
-from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator
-from minserve.engine.driver import Arrival, drive
+from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, make_requests
+from minserve.measure.arrivals import serve_arrivals
 from minserve.workload import poisson_arrivals
 
 COMPARED = (
@@ -66,30 +66,13 @@ def workload(num_requests: int, seed: int, min_prompt: int, max_prompt: int, min
     return list(zip(prompts, outputs))
 
 
-def prompts_for(lengths, vocab_size: int, seed: int) -> list[list[int]]:
-    """Fresh random token ids of the given lengths (a new seed per run: no prefix-cache hits across runs)."""
-    rng = np.random.default_rng(10_000 + seed)
-    return [rng.integers(1, vocab_size, size=n).tolist() for n in lengths]
-
-
-def run_engine(llm: LLM, prompts, outputs, arrivals_s) -> list[slo.RequestRecord]:
+def run_engine(llm: LLM, requests: list[SimRequest]) -> list[slo.RequestRecord]:
     """Open loop on the engine (the same driver the simulator runs on, here on the wall clock): each request
     is added when its arrival time has passed, stamped with that time."""
-    engine = llm.engine
-
-    def adder(k: int):
-        params = SamplingParams(max_tokens=outputs[k], temperature=0.0, ignore_eos=True)
-        return lambda arrival_s: engine.add_request(prompts[k], params, request_id=str(k), arrival_time_s=arrival_s)
-
-    arrivals = [Arrival(arrivals_s[k], adder(k)) for k in range(len(prompts))]
-    finished = drive(engine.core, arrivals, start_s=time.perf_counter() + 0.01)
-    return slo.records_from_outputs(finished[str(k)] for k in range(len(prompts)))
+    return slo.records_from_outputs(serve_arrivals(llm.engine, requests))
 
 
-def run_simulator(cost, config: SchedulerConfig, prompts, outputs, arrivals_s) -> tuple[list[slo.RequestRecord], float]:
-    requests = [
-        SimRequest(a, tuple(p), o, request_id=str(k)) for k, (a, p, o) in enumerate(zip(arrivals_s, prompts, outputs))
-    ]
+def run_simulator(cost, config: SchedulerConfig, requests: list[SimRequest]) -> tuple[list[slo.RequestRecord], float]:
     result = Simulator(cost, config).run(requests)
     return result.records, result.wall_s
 
@@ -153,11 +136,12 @@ def main() -> int:
 
     def one_run(label: str, rate: float, run_index: int) -> dict:
         arrivals = poisson_arrivals(args.requests, rate, seed=args.seed + run_index)
-        prompts = prompts_for(prompt_lengths, vocab, args.seed + run_index)
+        # fresh prompt ids per run (a new seed: no prefix-cache hits across runs)
+        requests = make_requests(arrivals, prompt_lengths, outputs, vocab, seed=10_000 + args.seed + run_index)
         t0 = time.perf_counter()
-        measured_records = run_engine(llm, prompts, outputs, arrivals)
+        measured_records = run_engine(llm, requests)
         engine_s = time.perf_counter() - t0
-        simulated_records, sim_s = run_simulator(cost, config, prompts, outputs, arrivals)
+        simulated_records, sim_s = run_simulator(cost, config, requests)
         measured, simulated = slo.summarize(measured_records), slo.summarize(simulated_records)
         run = {
             "label": label,

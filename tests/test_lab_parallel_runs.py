@@ -68,8 +68,8 @@ def test_router_benchmark_table_reads_the_recorded_run():
     assert list(table["hit rate"]) == [row["hit_rate"] for row in recorded["rows"]]
 
 
-def _run(steps: list[dict], params: int = 1) -> parallel_runs.EngineRun:
-    return parallel_runs.EngineRun([[1]], pd.DataFrame(steps), params, 4096)
+def _run(steps: list[dict], params: int = 1) -> parallel_runs.TrafficRun:
+    return parallel_runs.TrafficRun([[1]], pd.DataFrame(steps), params, 4096)
 
 
 def test_latency_prediction_is_half_the_step_plus_the_collectives_on_the_link():

@@ -1,8 +1,9 @@
 """Calibration: the step-cost model fitted to steps measured on the real engine.
 
-:func:`measure_steps` runs a short, varied workload on an idle engine (single prompts, decode batches of
-several sizes and contexts, and a mixed load) and times every ``engine.step()`` together with what the
-scheduler put in it; :func:`calibrate` fits :class:`~minserve.capacity.simulator.StepCostModel` to those
+:func:`measure_steps` plans a short, varied workload for an idle engine (single prompts, decode batches of
+several sizes and contexts, and a mixed load), serves it with :func:`minserve.measure.arrivals.serve_arrivals`
+and keeps every step's report (:class:`minserve.measure.steps.StepRecorder`): what the scheduler put in it
+and how long it took; :func:`calibrate` fits :class:`~minserve.capacity.simulator.StepCostModel` to those
 steps. ``minserve plan calibrate`` saves the result as JSON for ``minserve plan simulate``.
 """
 
@@ -16,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from minserve.capacity.cost_model import DEFAULT_TERMS, StepCostModel, StepFeatures, StepSample
+from minserve.capacity.simulator import SimRequest
 from minserve.config import SchedulerConfig
-from minserve.engine.core import StepReport
-from minserve.engine.driver import Arrival, drive
-from minserve.engine.sampling_params import SamplingParams
+from minserve.measure.arrivals import serve_arrivals
+from minserve.measure.prompts import random_token_ids
+from minserve.measure.steps import StepRecorder
 
 if TYPE_CHECKING:
     from minserve.engine.engine import LLMEngine
@@ -80,7 +82,7 @@ def measure_steps(
 
     def request(length: int, max_tokens: int) -> tuple[list[int], int]:
         length = int(min(max(length, 2), longest - 1))
-        return rng.integers(1, vocab, size=length).tolist(), int(max(1, min(max_tokens, longest - length)))
+        return random_token_ids(rng, length, vocab), int(max(1, min(max_tokens, longest - length)))
 
     plans: list[list[tuple[int, tuple[list[int], int]]]] = []
     top = math.log2(max(min(budget, longest), 4))
@@ -111,20 +113,12 @@ def measure_steps(
 def _run_plan(engine: LLMEngine, plan: list[tuple[int, tuple[list[int], int]]], samples: list[StepSample]) -> None:
     """Add each planned request at its step index and step until all are done, recording every step that ran
     something: what it scheduled and how long the whole step took (the core reports both)."""
-
-    def record(report: StepReport) -> None:
+    requests = [SimRequest(0.0, tuple(prompt), max_tokens) for _, (prompt, max_tokens) in plan]
+    with StepRecorder(engine.core) as recorder:
+        serve_arrivals(engine, requests, at_steps=[step for step, _ in plan])
+    for report in recorder.reports:
         features = StepFeatures.of_scheduled(report.scheduled, report.num_swapped_blocks)
         samples.append(StepSample(features, report.step_s))
-
-    def adder(prompt: list[int], max_tokens: int):
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        return lambda arrival_s: engine.add_request(prompt, params, arrival_time_s=arrival_s)
-
-    engine.core.observers.append(record)
-    try:
-        drive(engine.core, [Arrival(step, adder(*request)) for step, request in plan], by_step=True)
-    finally:
-        engine.core.observers.remove(record)
 
 
 def calibrate(llm: LLM | LLMEngine, terms: Sequence[str] | None = None, **workload: Any) -> StepCostModel:

@@ -5,8 +5,8 @@
 rates, by default below, at and above the highest rate the planner says meets the SLO. Each run's requests
 (the same token ids, lengths and arrival times) go through the simulator too, so each row lays a prediction
 beside the measurement of exactly the same requests. The engine is driven on the wall clock by
-:func:`minserve.engine.driver.drive`, the loop the simulator runs on: an open-loop load test in one process,
-each request added when its arrival time comes, whether or not the engine keeps up.
+:func:`minserve.measure.arrivals.serve_arrivals`, over the loop the simulator runs on: an open-loop load test
+in one process, each request added when its arrival time comes, whether or not the engine keeps up.
 
 It drives the engine, so the package's ``__init__`` does not import it.
 """
@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 from minserve import slo
 from minserve.capacity.planner import Envelope, RateProbe
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator
-from minserve.engine.driver import Arrival, drive
 from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
+from minserve.measure.arrivals import serve_arrivals
 
 if TYPE_CHECKING:
     from minserve.engine.engine import LLMEngine
@@ -66,15 +65,7 @@ def serve_on_engine(llm: LLM | LLMEngine, requests: Sequence[SimRequest], id_pre
     if engine.has_unfinished_requests():
         raise ValueError("the engine has requests in flight; confirm on an idle engine")
     ids = [f"{id_prefix}{request.request_id or index}" for index, request in enumerate(requests)]
-
-    def adder(request: SimRequest, request_id: str):
-        params = SamplingParams(max_tokens=request.output_tokens, temperature=0.0, ignore_eos=True)
-        prompt = list(request.prompt_token_ids)
-        return lambda arrival_s: engine.add_request(prompt, params, request_id, arrival_s, prompt)
-
-    arrivals = [Arrival(r.arrival_s, adder(r, rid)) for r, rid in zip(requests, ids)]
-    finished = drive(engine.core, arrivals, start_s=engine.core.clock.now() + 0.005)  # 5 ms to get going
-    return [finished[rid] for rid in ids]
+    return serve_arrivals(engine, requests, ids)
 
 
 def confirm_on_engine(

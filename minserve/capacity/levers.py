@@ -8,12 +8,12 @@ prefix, a system prompt as chat products have: it works on prefill, so it shows 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from minserve.engine.sampling_params import SamplingParams
+from minserve.measure.prompts import random_prompts
 
 if TYPE_CHECKING:
     from minserve.engine.llm import LLM
@@ -40,11 +40,12 @@ class Lever:
         return {**asdict(self), "ratio": round(self.ratio, 2)}
 
 
-def shared_prefix_prompts(num_prompts: int, prefix_tokens: int, own_tokens: int, vocab_size: int, seed: int = 0):
-    """Token-id prompts: one shared random prefix of ``prefix_tokens``, then ``own_tokens`` of each one's own."""
-    rng = random.Random(seed)
-    prefix = [rng.randrange(vocab_size) for _ in range(prefix_tokens)]
-    return [prefix + [rng.randrange(vocab_size) for _ in range(own_tokens)] for _ in range(num_prompts)]
+def shared_prefix_prompts(
+    num_prompts: int, prefix_tokens: int, own_tokens: int, vocab_size: int, seed: int = 0
+) -> list[list[int]]:
+    """Token-id prompts: one shared random prefix of ``prefix_tokens``, then ``own_tokens`` of each one's own
+    (:func:`minserve.measure.prompts.random_prompts`)."""
+    return random_prompts([prefix_tokens + own_tokens] * num_prompts, vocab_size, seed, prefix_tokens)
 
 
 def one_at_a_time(llm: LLM, prompts: Sequence[list[int]], params: SamplingParams) -> list[RequestOutput]:

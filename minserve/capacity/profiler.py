@@ -6,22 +6,21 @@
   chunked).
 * **Decode step by batch and context**: ``B`` fresh prompts of about ``S`` tokens are prefilled together;
   once every one of them is decoding, the next steps are *pure decode steps* (all ``B`` sequences, one token
-  each, nothing else) and each ``engine.step()`` is timed. Each point also keeps the model's forward time
-  alone, from the engine's tracer spans, so the Python around it (scheduling, sampling, detokenizing) shows.
+  each, nothing else) and each ``engine.step()`` is timed. Each point also keeps the executor's time alone
+  (the forward pass and sampling), so the Python around it (scheduling, detokenizing) shows.
 
-A warm-up runs first, each point takes the median of its repeats, and garbage collection is paused while a
-step is timed. Nothing here asserts a speed: the chapters lay the numbers beside
-:mod:`minserve.capacity.roofline`'s, which are lower bounds. On a CPU with a tiny model the measurement sits
-far above the roofline (every step pays a fixed overhead the roofline does not model); that gap is part of
-what chapter 03 shows.
+The steps are run and timed by :mod:`minserve.measure.decode` (every time is a step report's, the engine
+core's own); this module adds the roofline's prediction to each point. A warm-up runs first, each point takes
+the median of its repeats, and garbage collection is paused while a step is timed. Nothing here asserts a
+speed: the chapters lay the numbers beside :mod:`minserve.capacity.roofline`'s, which are lower bounds. On a
+CPU with a tiny model the measurement sits far above the roofline (every step pays a fixed overhead the
+roofline does not model); that gap is part of what chapter 03 shows.
 
 Results are plain frozen dataclasses; :meth:`Profile.to_dataframe` imports pandas only when called.
 """
 
 from __future__ import annotations
 
-import gc
-import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -30,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from minserve.capacity.kv import blocks_per_sequence
 from minserve.capacity.roofline import Hardware, Prediction, measure_this_machine, predict_decode, predict_prefill
-from minserve.engine.core import StepReport
 from minserve.engine.engine import LLMEngine
-from minserve.engine.sampling_params import SamplingParams
+from minserve.measure.decode import prefill_reports, pure_decode_reports
+from minserve.measure.prompts import SeededPrompts
+from minserve.measure.steps import context_tokens, is_decode
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 DEFAULT_PROMPT_LENGTHS = (16, 64, 256, 1024)
 DEFAULT_BATCH_SIZES = (1, 4, 16, 64)
 DEFAULT_CONTEXT_LENGTHS = (64, 512)
+WARM_UP_SEED = 1_000_000  # the warm-up's prompts: apart from every sweep's (seeds 0, 1, …)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class DecodePoint:
     context_tokens: int
     step_s: float  # whole engine.step(): schedule, forward, sample, detokenize
     steps_s: tuple[float, ...]
-    forward_s: float | None  # the model runner's share, from the tracer's decode spans (None without tracing)
+    forward_s: float | None  # the executor's share (forward and sampling), from the step reports
     predicted: Prediction
 
     @property
@@ -156,7 +157,7 @@ def profile(
     _check_prefill_sweep(engine, prompt_lengths, repeats)
     _check_decode_sweep(engine, batch_sizes, context_lengths, decode_steps)
     hw = hardware or _measure_for(engine)
-    prompts = _Prompts(engine, seed)
+    prompts = SeededPrompts(engine.model_config.vocab_size, seed)
     warm_up(engine, prompts)
     prefill = profile_prefill(engine, prompt_lengths, repeats, hw, _prompts=prompts)
     decode = profile_decode(engine, batch_sizes, context_lengths, decode_steps, hw, _prompts=prompts)
@@ -178,13 +179,13 @@ def profile_prefill(
     hardware: Hardware | None = None,
     seed: int = 0,
     *,
-    _prompts: _Prompts | None = None,
+    _prompts: SeededPrompts | None = None,
 ) -> list[PrefillPoint]:
     """Prefill time of one request by prompt length, fresh prompts each time, median of ``repeats``."""
     engine = _engine(llm)
     _check_prefill_sweep(engine, prompt_lengths, repeats)
     hw = hardware or _measure_for(engine)
-    prompts = _prompts or _Prompts(engine, seed)
+    prompts = _prompts or SeededPrompts(engine.model_config.vocab_size, seed)
     if _prompts is None:
         warm_up(engine, prompts)
     points = []
@@ -203,14 +204,15 @@ def profile_decode(
     hardware: Hardware | None = None,
     seed: int = 0,
     *,
-    _prompts: _Prompts | None = None,
+    _prompts: SeededPrompts | None = None,
 ) -> list[DecodePoint]:
     """Decode step time for every (batch, context) pair: ``steps`` pure decode steps timed, median kept.
-    ``_prompts`` may be a :class:`RepeatedPrompts` (rewound by the caller) to reuse cached prompts."""
+    ``_prompts`` may be a :class:`~minserve.measure.prompts.RepeatedPrompts` (rewound by the caller) to reuse
+    cached prompts."""
     engine = _engine(llm)
     _check_decode_sweep(engine, batch_sizes, context_lengths, steps)
     hw = hardware or _measure_for(engine)
-    prompts = _prompts or _Prompts(engine, seed)
+    prompts = _prompts or SeededPrompts(engine.model_config.vocab_size, seed)
     if _prompts is None:
         warm_up(engine, prompts)
     points = []
@@ -220,99 +222,33 @@ def profile_decode(
     return points
 
 
-def warm_up(llm: LLM | LLMEngine, prompts: _Prompts | None = None) -> None:
+def warm_up(llm: LLM | LLMEngine, prompts: SeededPrompts | None = None) -> None:
     """A few untimed steps, so the first measured point does not pay for first-call allocations."""
     engine = _engine(llm)
-    prompts = prompts or _Prompts(engine, seed=-1)
+    prompts = prompts or SeededPrompts(engine.model_config.vocab_size, seed=WARM_UP_SEED)
     length = min(64, engine.max_model_len - 4)
     _time_prefill(engine, prompts.fresh(length))
     _time_decode(engine, prompts, min(4, engine.scheduler.max_num_seqs), length, 2, None)
 
 
-# --- measuring ----------------------------------------------------------------------------------------------
-
-
-class _Prompts:
-    """Fresh prompts as token ids: seeded random ids, so no block of one ever matches another's in the cache."""
-
-    def __init__(self, engine: LLMEngine, seed: int) -> None:
-        self.vocab_size = engine.model_config.vocab_size
-        self.rng = random.Random(seed)
-
-    def fresh(self, length: int) -> list[int]:
-        return [self.rng.randrange(1, self.vocab_size) for _ in range(length)]
-
-
-class RepeatedPrompts(_Prompts):
-    """The same prompts again after each :meth:`rewind`: the n-th prompt of a length is always the same ids.
-
-    For measuring decode at a long context more than once: the first round prefills the prompts, later
-    rounds find their blocks in the prefix cache and skip that work (distinct prompts within a round still
-    share nothing, so every sequence keeps its own KV cache to read).
-    """
-
-    def __init__(self, engine: LLMEngine, seed: int = 0) -> None:
-        super().__init__(engine, seed)
-        self.made: dict[int, list[list[int]]] = {}
-        self.used: dict[int, int] = {}
-
-    def fresh(self, length: int) -> list[int]:
-        made, n = self.made.setdefault(length, []), self.used.get(length, 0)
-        if n == len(made):
-            made.append(super().fresh(length))
-        self.used[length] = n + 1
-        return made[n]
-
-    def rewind(self) -> None:
-        self.used.clear()
+# --- measuring: the steps come from minserve.measure.decode, the predictions from the roofline ----------------
 
 
 def _time_prefill(engine: LLMEngine, prompt: list[int]) -> float:
-    request_id = engine.add_request(prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
-    elapsed_s, done = 0.0, False
-    with _gc_paused():
-        while not done:
-            start_s = time.perf_counter()
-            outputs = engine.step()
-            elapsed_s += time.perf_counter() - start_s
-            done = any(o.request_id == request_id and o.finished for o in outputs)
-    return elapsed_s
+    """Seconds of the steps that prefill ``prompt`` alone, whole steps from the engine's reports."""
+    return sum(report.step_s for report in prefill_reports(engine, prompt))
 
 
 def _time_decode(
-    engine: LLMEngine, prompts: _Prompts, batch: int, context: int, steps: int, hw: Hardware | None
+    engine: LLMEngine, prompts: SeededPrompts, batch: int, context: int, steps: int, hw: Hardware | None
 ) -> DecodePoint | None:
     """Prefill ``batch`` fresh prompts of ``context`` tokens, then time ``steps`` pure decode steps."""
-    params = SamplingParams(max_tokens=engine.max_model_len - context, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(prompts.fresh(context), params) for _ in range(batch)]
-    seqs = [engine.requests[i] for i in ids]
-    times, forwards, contexts = [], [], []
-
-    def record(report: StepReport) -> None:  # the forward pass alone, as the engine core timed it
-        if all(s.state == "decode" for s in report.scheduled):
-            forwards.append(report.duration_s)
-
-    try:
-        while any(not seq.output_token_ids for seq in seqs):  # prefill (chunked, staggered): untimed
-            engine.step()
-        engine.step()  # one untimed decode step for the new batch shape
-        engine.core.observers.append(record)
-        for _ in range(steps):
-            _require_pure_decode(engine, seqs)
-            contexts.append(sum(seq.num_tokens for seq in seqs) / batch)  # keys each new token attends to
-            with _gc_paused():
-                start_s = time.perf_counter()
-                engine.step()
-                times.append(time.perf_counter() - start_s)
-    finally:
-        if record in engine.core.observers:
-            engine.core.observers.remove(record)
-        for request_id in ids:
-            engine.abort_request(request_id)
-        engine.process_aborts()
+    reports = pure_decode_reports(engine, [prompts.fresh(context) for _ in range(batch)], steps)
     if hw is None:
         return None
-    mean_context = round(statistics.fmean(contexts))
+    times = [report.step_s for report in reports]
+    forwards = [report.duration_s for report in reports if is_decode(report)]  # the forward pass and sampling
+    mean_context = round(statistics.fmean(context_tokens(report) for report in reports))
     return DecodePoint(
         batch=batch,
         prompt_tokens=context,
@@ -322,14 +258,6 @@ def _time_decode(
         forward_s=statistics.median(forwards) if len(forwards) == steps else None,
         predicted=predict_decode(engine.model_config, batch, mean_context, hw, _dtype_name(engine)),
     )
-
-
-def _require_pure_decode(engine: LLMEngine, seqs: list) -> None:
-    running = engine.scheduler.running
-    pure = not engine.scheduler.waiting and len(running) == len(seqs)
-    pure = pure and all(seq.num_uncomputed_tokens == 1 and seq.output_token_ids for seq in running)
-    if not pure:
-        raise RuntimeError("the next step is not a pure decode step of the batch (preempted, or other requests)")
 
 
 def _check_prefill_sweep(engine: LLMEngine, prompt_lengths: Sequence[int], repeats: int) -> None:
@@ -391,15 +319,3 @@ def _dtype_name(engine: LLMEngine) -> str:
 
 def _measure_for(engine: LLMEngine) -> Hardware:
     return measure_this_machine(device=engine.device.type, dtype=_dtype_name(engine))
-
-
-class _gc_paused:
-    """Garbage collection off while a step is timed (a collection mid-step is noise, not the step's cost)."""
-
-    def __enter__(self) -> None:
-        self.was_enabled = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.was_enabled:
-            gc.enable()

@@ -46,6 +46,7 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.engine.service_rates import ServiceRateMeter
+from minserve.measure.prompts import random_prompts
 
 # --- configuration and requests ----------------------------------------------------------------------------
 
@@ -89,22 +90,17 @@ def make_requests(
     deadlines_s: Sequence[float | None] | float | None = None,
     shared_prefix_tokens: int = 0,
 ) -> list[SimRequest]:
-    """Requests with seeded random prompts (token ids in ``[1, vocab_size)``, so no two share a cached block
-    unless ``shared_prefix_tokens`` gives them all the same first tokens). Lengths are one per request or one
-    for all."""
+    """Requests with seeded random prompts (:func:`minserve.measure.prompts.random_prompts`: token ids in
+    ``[1, vocab_size)``, so no two share a cached block unless ``shared_prefix_tokens`` gives them all the same
+    first tokens). Lengths are one per request or one for all."""
     n = len(arrivals_s)
     prompts_n = _per_request(prompt_lengths, n, "prompt_lengths")
     outputs_n = _per_request(output_lengths, n, "output_lengths")
     priorities = _per_request(priorities if priorities is not None else 0, n, "priorities")
     deadlines = _per_request(deadlines_s, n, "deadlines_s")
-    rng = np.random.default_rng(seed)
-    prefix = rng.integers(1, vocab_size, size=shared_prefix_tokens).tolist()
-    requests = []
-    for i in range(n):
-        own = max(prompts_n[i] - shared_prefix_tokens, 0)
-        ids = (prefix + rng.integers(1, vocab_size, size=own).tolist())[: max(prompts_n[i], 1)]
-        requests.append(SimRequest(arrivals_s[i], tuple(ids), outputs_n[i], priorities[i], deadlines[i], str(i)))
-    return requests
+    prompts = random_prompts(prompts_n, vocab_size, seed, shared_prefix_tokens)
+    return [SimRequest(arrivals_s[i], tuple(prompts[i]), outputs_n[i], priorities[i], deadlines[i], str(i))
+            for i in range(n)]  # fmt: skip
 
 
 def _per_request(value: Any, n: int, name: str) -> list[Any]:

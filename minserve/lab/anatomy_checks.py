@@ -18,15 +18,10 @@ from minserve.engine.detokenizer import REPLACEMENT_CHARACTER
 from minserve.lab.anatomy import events_by_request
 from minserve.lab.anatomy_runs import Admission
 from minserve.lab.anatomy_steps import DecodeModel
+from minserve.lab.checks import require
 from minserve.trace import TraceEvent, gaps_s
 
 ROUNDING_S = 1e-9  # float seconds near perf_counter's magnitude round at ~1e-12 s; a real overlap is far larger
-
-
-def require(condition: bool, message: str) -> None:
-    """``assert`` that survives ``python -O``: the checks are the chapter's claims, never optimised away."""
-    if not condition:
-        raise AssertionError(message)
 
 
 def check_stages_never_overlap(events: Iterable[TraceEvent], min_requests: int = 1) -> str:

@@ -17,7 +17,9 @@ import pandas as pd
 
 from minserve.capacity.simulator import SimRequest
 from minserve.engine.core import StepReport
+from minserve.lab.checks import require
 from minserve.lab.engine_runs import RUNNING_STATES, EngineRun, run_engine
+from minserve.measure.steps import StepRecorder
 
 if TYPE_CHECKING:
     from minserve.engine.llm import LLM
@@ -70,11 +72,8 @@ def run_with_cancel(
         if step == cancel_after_step:
             core.abort(cancelled_id)  # the client hangs up: the engine drops it at the start of the next step
 
-    core.observers.append(observe)
-    try:
+    with StepRecorder(core, probe=observe):
         run = run_engine(llm, requests, at_steps=[0] * len(requests) if at_steps is None else at_steps)
-    finally:
-        core.observers.remove(observe)
     return CancelledRun(run, cancelled_id, cancel_after_step, pd.DataFrame(rows))
 
 
@@ -93,31 +92,26 @@ def check_cancellation(cancelled: CancelledRun, reference: EngineRun) -> dict[st
     run = cancelled.run
     out = run.output(victim)
     asked = {r.request_id: r.output_tokens for r in run.requests}
-    _require(out.finish_reason == "cancelled", f"{victim} finished {out.finish_reason!r}, not 'cancelled'")
-    _require(len(out.token_ids) < asked[victim], f"{victim} produced all its tokens: cancelled too late")
+    require(out.finish_reason == "cancelled", f"{victim} finished {out.finish_reason!r}, not 'cancelled'")
+    require(len(out.token_ids) < asked[victim], f"{victim} produced all its tokens: cancelled too late")
     handed_back = cancelled.held(step).get(victim, 0)
-    _require(handed_back > 0, f"{victim} held no block when cancelled")
+    require(handed_back > 0, f"{victim} held no block when cancelled")
     after = cancelled.held(step + 1)
-    _require(victim not in after, f"{victim} is still in flight a step after its cancel")
-    _require(
+    require(victim not in after, f"{victim} is still in flight a step after its cancel")
+    require(
         cancelled.used(step + 1) == sum(after.values()),
         f"a step after the cancel {cancelled.used(step + 1)} blocks are in use; the live requests hold "
         f"{sum(after.values())}",
     )
     waiting = [rid for rid in run.request_ids if rid != victim and first_running_step(run, rid) > step]
-    _require(bool(waiting), "no request was waiting for a seat when the cancel came")
+    require(bool(waiting), "no request was waiting for a seat when the cancel came")
     taker = waiting[0]
     took, without = first_running_step(run, taker), first_running_step(reference, taker)
-    _require(took == step + 1 and took < without, f"{taker} ran at step {took} (without the cancel, {without})")
+    require(took == step + 1 and took < without, f"{taker} ran at step {took} (without the cancel, {without})")
     expected = {o.request_id: o.token_ids for o in reference.outputs}
     for o in run.outputs:
         if o.request_id != victim:
-            _require(o.finish_reason == "length" and len(o.token_ids) == asked[o.request_id], f"{o.request_id} cut")
-            _require(o.token_ids == expected[o.request_id], f"{o.request_id}: other tokens than without the cancel")
-    _require(int(cancelled.blocks["used_blocks"].iloc[-1]) == 0, "blocks still in use at the end")
+            require(o.finish_reason == "length" and len(o.token_ids) == asked[o.request_id], f"{o.request_id} cut")
+            require(o.token_ids == expected[o.request_id], f"{o.request_id}: other tokens than without the cancel")
+    require(int(cancelled.blocks["used_blocks"].iloc[-1]) == 0, "blocks still in use at the end")
     return {"blocks_handed_back": handed_back, "seat_taken_by": taker, "ran_at_step": took, "without_cancel": without}
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)

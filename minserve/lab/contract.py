@@ -3,11 +3,11 @@ out from it before it is compared with the measurement.
 
 The prediction is the chapter's formula, E2E = TTFT + (n − 1) × step, made exact for a batch that shrinks:
 all requests sent at once are prefilled in one shared first step, then each running request gets one token
-per step, and a step costs what a step of that many sequences costs. :func:`measure_decode_steps` measures
-that cost on the engine in separate, small runs (one per batch size, from the engine's step reports);
-:func:`repeat_beside_step_costs` measures it again beside each run it is compared with, and
-:func:`prediction_table` adds the n − 1 step costs each request waited through. Nothing of the run being
-predicted goes into the prediction except its TTFT and its output lengths.
+per step, and a step costs what a step of that many sequences costs. That cost is measured on the engine by
+:mod:`minserve.measure.decode` (:func:`measure_decode_steps`, and :func:`repeat_beside_step_costs` beside each
+run it is compared with; both are importable from here), and :func:`prediction_table` adds the n − 1 step
+costs each request waited through. Nothing of the run being predicted goes into the prediction except its
+TTFT and its output lengths.
 
 Also here: the targets a reading speed implies (:func:`reading_speed_table`), how much of a workload's
 prompts a shared prefix repeats (:func:`shared_prefix_summary`), :mod:`minserve.slo` records that count a
@@ -17,109 +17,20 @@ request stopped at its deadline as failed (:func:`records_with_status`), and one
 
 from __future__ import annotations
 
-import itertools
-import statistics
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
 from minserve import slo
 from minserve.bench.workload import BenchRequest, count_corpus_tokens
-from minserve.engine.core import StepReport
 from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from minserve.engine.llm import LLM
+# Chapter 01 calls these as contract.measure_decode_steps and contract.repeat_beside_step_costs.
+from minserve.measure.decode import StepCosts, measure_decode_steps, repeat_beside_step_costs  # noqa: F401
 
 TOKENS_PER_ENGLISH_WORD = 1.3  # a common rule of thumb for English BPE tokenizers (≈ 0.75 words per token)
 FAILED_REASONS = ("deadline", "error")  # the server gave up on the request
 CANCELLED_REASONS = ("cancelled",)  # the client left
-T = TypeVar("T")
-
-
-# --- what a decode step costs --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepCosts:
-    """The measured time of one decode step (seconds, step end to step end) at a few batch sizes.
-
-    :meth:`at` interpolates linearly between measured sizes and holds the end values beyond them.
-    """
-
-    batch_sizes: tuple[int, ...]
-    step_s: tuple[float, ...]
-
-    def at(self, batch_size: int) -> float:
-        """Seconds of one decode step of ``batch_size`` sequences."""
-        return float(np.interp(batch_size, self.batch_sizes, self.step_s))
-
-    def table(self) -> pd.DataFrame:
-        """One row per measured batch size: the step in ms, and tokens/s (batch / step)."""
-        rows = {b: {"step ms": s * 1e3, "tokens/s": b / s} for b, s in zip(self.batch_sizes, self.step_s)}
-        return pd.DataFrame.from_dict(rows, orient="index").rename_axis("sequences per step")
-
-
-def measure_decode_steps(
-    llm: LLM, prompt: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), tokens: int = 24, rounds: int = 3
-) -> StepCosts:
-    """For each batch size b, run b copies of ``prompt`` for ``tokens`` tokens and take the median time
-    between consecutive decode steps of b sequences, from the engine's step reports.
-
-    Step end to step end is what a streaming client sees between two tokens: the forward pass, sampling and
-    the engine's bookkeeping. The median leaves out a step that another process on the machine slowed; the
-    ``rounds`` go through every batch size in turn, so a slow stretch of seconds touches each size alike.
-    """
-    costs, _ = repeat_beside_step_costs(llm, prompt, lambda: None, batch_sizes, tokens, rounds)
-    return costs
-
-
-def repeat_beside_step_costs(
-    llm: LLM,
-    prompt: str,
-    run: Callable[[], T],
-    batch_sizes: Sequence[int] = (1, 2, 4, 8, 16),
-    tokens: int = 24,
-    rounds: int = 3,
-) -> tuple[StepCosts, list[T]]:
-    """``rounds`` times: measure one decode step at each batch size (as :func:`measure_decode_steps`), then
-    call ``run``; return the step costs pooled over the rounds and what each ``run`` returned.
-
-    A prediction compared with a measurement needs both taken on the same machine *state*: a shared CPU's
-    speed drifts by tens of percent over a minute (another process, a changing clock), so step costs measured
-    a minute before the run can be off by more than the margin a check allows. Interleaved, a drift moves
-    the costs and the runs alike.
-    """
-    periods: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    results: list[T] = []
-    for _ in range(rounds):
-        for b in batch_sizes:
-            periods[b] += _decode_periods(llm, prompt, b, tokens)
-        results.append(run())
-    return StepCosts(tuple(batch_sizes), tuple(statistics.median(periods[b]) for b in batch_sizes)), results
-
-
-def _decode_periods(llm: LLM, prompt: str, batch: int, tokens: int) -> list[float]:
-    core = llm.engine.core
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    reports: list[StepReport] = []
-    core.observers.append(reports.append)
-    try:
-        llm.generate([prompt] * batch, params)
-    finally:
-        core.observers.remove(reports.append)
-    periods = [
-        later.end_s - earlier.end_s
-        for earlier, later in itertools.pairwise(reports)
-        if len(later.scheduled) == batch and all(s.state == "decode" for s in later.scheduled)
-    ]
-    if not periods:
-        raise ValueError(f"no decode step of {batch} sequences was measured: is max_num_seqs below {batch}?")
-    return periods
 
 
 # --- each request's latency, predicted -----------------------------------------------------------------------

@@ -16,13 +16,8 @@ import pandas as pd
 
 from minserve import slo
 from minserve.engine.outputs import RequestOutput
+from minserve.lab.checks import require
 from minserve.lab.contract import records_with_status
-
-
-def require(condition: bool, message: str) -> None:
-    """``assert`` that survives ``python -O``: the checks are the chapter's claims, never optimised away."""
-    if not condition:
-        raise AssertionError(message)
 
 
 def check_e2e_prediction(table: pd.DataFrame, margin: float = 0.3, share: float = 0.8) -> str:

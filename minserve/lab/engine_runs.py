@@ -1,9 +1,10 @@
 """Chapter 05's engine experiments: requests added at their arrival times (or after a number of steps),
 the engine stepped until all are done, and every step recorded.
 
-:func:`run_engine` drives the engine with :func:`minserve.engine.driver.drive`, the loop the simulator runs
-on, and records each step from the engine core's :class:`~minserve.engine.core.StepReport`: tokens,
-sequences, and what every request in flight was doing (prefill, decode, recompute, waiting, swapped).
+:func:`run_engine` serves the requests with :func:`minserve.measure.arrivals.serve_arrivals` (over the loop
+the simulator runs on) and records each step from the engine core's :class:`~minserve.engine.core.StepReport`
+(:class:`minserve.measure.steps.StepRecorder`): tokens, sequences, and what every request in flight was doing
+(prefill, decode, recompute, waiting, swapped).
 Requests are :class:`~minserve.capacity.simulator.SimRequest` s, the simulator's own description, so one
 list feeds both. The result, an :class:`EngineRun`, turns into tables (:meth:`EngineRun.table`,
 :func:`batching_table`, :func:`trace_table`), SLO records and summaries; :mod:`minserve.lab.scheduling`
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +27,10 @@ from minserve.capacity.simulator import (
     make_requests,
 )
 from minserve.engine.core import StepReport
-from minserve.engine.driver import Arrival, drive
 from minserve.engine.outputs import RequestOutput
-from minserve.engine.sampling_params import SamplingParams
 from minserve.lab.theme import COLORWAY
+from minserve.measure.arrivals import LEAD_S, serve_arrivals
+from minserve.measure.steps import StepRecorder
 from minserve.trace import TraceEvent
 
 if TYPE_CHECKING:
@@ -196,74 +197,69 @@ def run_engine(
     would), and the loop sleeps while nothing is in flight: an open-loop load test in one process. With
     ``at_steps``, request ``i`` is added once ``at_steps[i]`` steps have run (0: before the first), whatever the
     time: step-exact experiments that come out the same on every machine. Both are
-    :func:`minserve.engine.driver.drive`; the steps are recorded from the engine core's step reports.
+    :func:`minserve.measure.arrivals.serve_arrivals`; the steps are recorded from the engine core's step
+    reports (:class:`minserve.measure.steps.StepRecorder`).
 
     Each request asks for exactly ``output_tokens`` tokens (``ignore_eos``), greedy unless ``temperature``
     says otherwise; its ``priority`` and ``deadline_s`` go to the engine. The engine must be idle.
     """
     engine = llm.engine
-    if engine.has_unfinished_requests():
-        raise ValueError("the engine has requests in flight; run on an idle engine")
     requests = list(requests)
-    n = len(requests)
-    if at_steps is not None and len(at_steps) != n:
-        raise ValueError(f"{len(at_steps)} arrival steps for {n} requests")
     ids = [_request_id(r, i) for i, r in enumerate(requests)]
-    if len(set(ids)) != n:
+    if len(set(ids)) != len(ids):
         raise ValueError("request ids must be unique")
     core = engine.core
     base_step = core.num_steps  # the engine may have run before: this run's steps count from here
-    seen: dict[str, int] = {}
-    token_steps: dict[str, list[int]] = {rid: [] for rid in ids}
     arrival_step: dict[str, int] = {}
-    step_rows: list[dict[str, Any]] = []
-    occupancy: list[tuple[int, str, str, int]] = []
-    preemptions: list[tuple[int, str]] = []
-    start = time.perf_counter() + (0.0 if at_steps is not None else 0.005)
+    start = time.perf_counter() + (0.0 if at_steps is not None else LEAD_S)
 
-    def record(report: StepReport) -> None:
-        step = report.index - base_step
-        for out in report.outputs:
-            if len(out.token_ids) > seen.get(out.request_id, 0):
-                token_steps[out.request_id].append(step)
-                seen[out.request_id] = len(out.token_ids)
-        occupancy.extend((step, s.request_id, s.state, s.num_new_tokens) for s in report.scheduled)
-        occupancy.extend((step, rid, "waiting", 0) for rid in report.waiting)
-        occupancy.extend((step, rid, "swapped", 0) for rid in report.swapped)
-        preemptions.extend((step, rid) for rid in report.preempted)
-        step_rows.append(_step_row(report, step, start))
+    def arrived(i: int) -> None:
+        arrival_step[ids[i]] = core.num_steps - base_step
 
-    def adder(i: int) -> Callable[[float], None]:
-        r = requests[i]
-        params = SamplingParams(max_tokens=r.output_tokens, temperature=temperature, ignore_eos=True)
-
-        def add(arrival_s: float) -> None:
-            prompt = list(r.prompt_token_ids)
-            engine.add_request(prompt, params, ids[i], arrival_s, prompt, r.priority, r.deadline_s)
-            arrival_step[ids[i]] = core.num_steps - base_step
-
-        return add
-
-    due = list(at_steps) if at_steps is not None else [r.arrival_s for r in requests]
-    core.observers.append(record)
-    try:
-        finished = drive(core, [Arrival(due[i], adder(i)) for i in range(n)], start, at_steps is not None, max_steps)
-    finally:
-        core.observers.remove(record)
+    with StepRecorder(core) as recorder:
+        outputs = serve_arrivals(engine, requests, ids, at_steps, start, temperature, arrived, max_steps)
     wall_s = time.perf_counter() - start
     ours = set(ids)
     events = [e for e in llm.tracer.events if e.request_id in ours and e.start_s >= start - 1e-3]
+    steps = _StepLog(ids, base_step, start)
+    for report in recorder.reports:
+        steps.add(report)
     return EngineRun(
         requests=requests,
-        outputs=[finished[rid] for rid in ids if rid in finished],
-        steps=pd.DataFrame(step_rows),
-        occupancy=pd.DataFrame(occupancy, columns=["step", "request_id", "state", "tokens"]),
+        outputs=outputs,
+        steps=pd.DataFrame(steps.rows),
+        occupancy=pd.DataFrame(steps.occupancy, columns=["step", "request_id", "state", "tokens"]),
         arrival_step=arrival_step,
-        token_steps=token_steps,
-        preemptions=preemptions,
+        token_steps=steps.token_steps,
+        preemptions=steps.preemptions,
         events=events,
         wall_s=wall_s,
     )
+
+
+class _StepLog:
+    """The run's step reports as tables: a row per step, who was in flight doing what, the step that gave
+    each request's tokens, and the preemptions. Steps count from 1 after ``base_step``."""
+
+    def __init__(self, ids: Sequence[str], base_step: int, origin_s: float) -> None:
+        self.base_step, self.origin_s = base_step, origin_s
+        self.seen: dict[str, int] = {}
+        self.token_steps: dict[str, list[int]] = {rid: [] for rid in ids}
+        self.rows: list[dict[str, Any]] = []
+        self.occupancy: list[tuple[int, str, str, int]] = []
+        self.preemptions: list[tuple[int, str]] = []
+
+    def add(self, report: StepReport) -> None:
+        step = report.index - self.base_step
+        for out in report.outputs:
+            if len(out.token_ids) > self.seen.get(out.request_id, 0):
+                self.token_steps[out.request_id].append(step)
+                self.seen[out.request_id] = len(out.token_ids)
+        self.occupancy.extend((step, s.request_id, s.state, s.num_new_tokens) for s in report.scheduled)
+        self.occupancy.extend((step, rid, "waiting", 0) for rid in report.waiting)
+        self.occupancy.extend((step, rid, "swapped", 0) for rid in report.swapped)
+        self.preemptions.extend((step, rid) for rid in report.preempted)
+        self.rows.append(_step_row(report, step, self.origin_s))
 
 
 def requests_with_prompts(

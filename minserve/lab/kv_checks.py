@@ -17,11 +17,7 @@ from typing import Any
 import pandas as pd
 
 from minserve.engine.outputs import RequestOutput
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
+from minserve.lab.checks import require
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -48,17 +44,17 @@ def check_paging(
     numbers: tokens stored, blocks, and that share."""
     predicted = predicted_used_blocks(usage, block_size)
     wrong = usage[usage["used_blocks"] != predicted]
-    _require(
+    require(
         wrong.empty,
         f"{len(wrong)} steps hold other than Σ⌈tokens / {block_size}⌉ blocks, first step "
         f"{wrong['step'].iloc[0] if len(wrong) else ''}: {wrong['used_blocks'].tolist()[:3]} measured, "
         f"{predicted[wrong.index].tolist()[:3]} predicted",
     )
-    _require(usage["used_blocks"].iloc[-1] == 0, f"{usage['used_blocks'].iloc[-1]} blocks still held at the end")
+    require(usage["used_blocks"].iloc[-1] == 0, f"{usage['used_blocks'].iloc[-1]} blocks still held at the end")
     busiest = usage.loc[usage["stored_tokens"].idxmax()]
     share = busiest["used_blocks"] * block_size / (busiest["running"] * max_model_len)
     if share_at_most is not None:
-        _require(
+        require(
             share <= share_at_most,
             f"at the busiest step paging held {share:.0%} of a contiguous reservation, over {share_at_most:.0%}",
         )
@@ -80,7 +76,7 @@ def check_bytes_per_token(computed: Mapping[str, int], published: Mapping[str, i
     wrong = {
         name: (computed.get(name), expected) for name, expected in published.items() if computed.get(name) != expected
     }
-    _require(not wrong, f"bytes per token (computed, published) differ: {wrong}")
+    require(not wrong, f"bytes per token (computed, published) differ: {wrong}")
     return dict(computed)
 
 
@@ -88,7 +84,7 @@ def check_pool_bytes(kv_cache_bytes: int, num_blocks: int, block_size: int, byte
     """The KV tensors the engine allocated are exactly ``num_blocks × block_size`` tokens of the formula's size:
     nothing hidden beside them, nothing missing. Returns the bytes."""
     expected = num_blocks * block_size * bytes_per_token
-    _require(kv_cache_bytes == expected, f"the engine allocated {kv_cache_bytes:,} KV bytes, the formula {expected:,}")
+    require(kv_cache_bytes == expected, f"the engine allocated {kv_cache_bytes:,} KV bytes, the formula {expected:,}")
     return kv_cache_bytes
 
 
@@ -123,9 +119,9 @@ def check_prefix_cache(
     prompts = [o.prompt_token_ids for o in outputs]
     predicted = predicted_cached_tokens(prompts, block_size)
     measured = [o.num_cached_tokens for o in outputs]
-    _require(measured == predicted, f"cached tokens per request: measured {measured}, predicted {predicted}")
+    require(measured == predicted, f"cached tokens per request: measured {measured}, predicted {predicted}")
     predicted_rate = sum(predicted) / sum(len(p) for p in prompts)
-    _require(
+    require(
         abs(measured_hit_rate - predicted_rate) <= tolerance,
         f"hit rate: measured {measured_hit_rate:.3f}, predicted {predicted_rate:.3f}",
     )
@@ -138,9 +134,9 @@ def check_cache_changes_only_work(
     """Prefix caching off finds nothing (hit rate 0, no cached token in any request), and the cache changes
     no answer: the same prompts give the same tokens with it on and off (greedy decoding)."""
     cached_off = [o.num_cached_tokens for o in without_cache]
-    _require(hit_rate_off == 0 and not any(cached_off), f"cache off still hit: {hit_rate_off}, {cached_off}")
+    require(hit_rate_off == 0 and not any(cached_off), f"cache off still hit: {hit_rate_off}, {cached_off}")
     differ = [i for i, (a, b) in enumerate(zip(with_cache, without_cache)) if a.token_ids != b.token_ids]
-    _require(not differ and len(with_cache) == len(without_cache), f"answers differ with the cache on: {differ}")
+    require(not differ and len(with_cache) == len(without_cache), f"answers differ with the cache on: {differ}")
 
 
 # --- eviction -----------------------------------------------------------------------------------------------
@@ -166,12 +162,12 @@ def check_eviction(sweep: pd.DataFrame, pool_blocks: int, prompt_tokens: int, bl
     taken every block of the pool (the sweep must reach that far)."""
     predicted = predicted_eviction(sweep["filler_blocks"].tolist(), pool_blocks, prompt_tokens, block_size)
     measured = sweep["cached_tokens"].tolist()
-    _require(measured == predicted, f"cached tokens per ask: measured {measured}, predicted {predicted}")
+    require(measured == predicted, f"cached tokens per ask: measured {measured}, predicted {predicted}")
     before = sweep[sweep["filler_blocks"] == 0]
     after = sweep[sweep["filler_blocks"] >= pool_blocks]
-    _require(not before.empty and not after.empty, "the sweep must ask with no fillers and after a whole pool of them")
-    _require((before["cached_tokens"] > 0).all(), "no hit even before any new traffic: is prefix caching on?")
-    _require((after["cached_tokens"] == 0).all(), "the prompt still hit after the whole pool was handed out")
+    require(not before.empty and not after.empty, "the sweep must ask with no fillers and after a whole pool of them")
+    require((before["cached_tokens"] > 0).all(), "no hit even before any new traffic: is prefix caching on?")
+    require((after["cached_tokens"] == 0).all(), "the prompt still hit after the whole pool was handed out")
     return {"hit_rate_fresh": before["hit_rate"].max(), "hit_rate_cycled": after["hit_rate"].max()}
 
 
@@ -211,13 +207,13 @@ def check_admission(
     prompt_lengths = [len(o.prompt_token_ids) for o in outputs]
     predicted = predicted_admitted(prompt_lengths, pool_blocks, block_size, max_num_seqs)
     first = usage.iloc[0]
-    _require(
+    require(
         first["running"] == predicted and first["waiting"] == len(outputs) - predicted,
         f"first step: {first['running']} running, {first['waiting']} waiting; predicted {predicted} admitted",
     )
-    _require(usage["used_blocks"].max() <= pool_blocks, "more blocks in use than the pool has")
-    _require(all(len(o.token_ids) == max_tokens for o in outputs), "a request finished without all its tokens")
+    require(usage["used_blocks"].max() <= pool_blocks, "more blocks in use than the pool has")
+    require(all(len(o.token_ids) == max_tokens for o in outputs), "a request finished without all its tokens")
     last = usage.iloc[-1]
-    _require(last["used_blocks"] == 0 and last["waiting"] == 0, "blocks or requests left over at the end")
+    require(last["used_blocks"] == 0 and last["waiting"] == 0, "blocks or requests left over at the end")
     full = predicted_full_length_concurrency(max(prompt_lengths) + max_tokens - 1, pool_blocks, block_size)
     return {"predicted_admitted": predicted, "measured_admitted": int(first["running"]), "full_length_fit": full}

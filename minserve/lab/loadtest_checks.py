@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from minserve.capacity.queueing import predicted_ttft_ms
+from minserve.lab.checks import require
 from minserve.lab.loadtest_tables import server_queue_ms
 from minserve.slo import lookup
 
@@ -181,16 +182,10 @@ def knee_problems(
 # --- checks that raise: what the notebook's check cell calls, its thresholds passed from the cell ---------------
 
 
-def _require(condition: bool, message: str) -> None:
-    """``assert`` that survives ``python -O``: these are the chapter's claims."""
-    if not condition:
-        raise AssertionError(message)
-
-
 def check_closed_loop(littles_law: pd.DataFrame, summaries: Sequence[Mapping[str, Any]], slots: int, **bands) -> None:
     """:func:`closed_loop_problems` as a check: raises with every broken part. ``bands`` are its thresholds."""
     problems = closed_loop_problems(littles_law, summaries, slots, **bands)
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
 
 
 def check_knee(
@@ -206,7 +201,7 @@ def check_knee(
     problems = knee_problems(
         summaries, offered_rps, capacity_rps, num_requests, base_ttft_ms, capacity_tpot_ms, **bands
     )
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
 
 
 def check_sent_on_time(rows: Sequence[Mapping[str, Any]], max_lag_ms: float) -> float:
@@ -216,10 +211,10 @@ def check_sent_on_time(rows: Sequence[Mapping[str, Any]], max_lag_ms: float) -> 
     closed loop walking an open timetable) falls further behind with every request the server holds, and
     fails. Returns the largest lag, ms.
     """
-    _require(bool(rows), "no records")
+    require(bool(rows), "no records")
     lags = [(row["sent_s"] - row["intended_s"]) * 1e3 for row in rows]
     late = [round(lag) for lag in lags if lag > max_lag_ms]
-    _require(not late, f"{len(late)} of {len(lags)} requests left over {max_lag_ms} ms late: {sorted(late)[-3:]} ms")
+    require(not late, f"{len(late)} of {len(lags)} requests left over {max_lag_ms} ms late: {sorted(late)[-3:]} ms")
     return max(lags)
 
 
@@ -239,12 +234,12 @@ def check_omission_shown(
     open_actual = co_table.loc[open_run, "E2E p50 from actual"]
     closed_actual = co_table.loc[closed_run, "E2E p50 from actual"]
     closed_intended = co_table.loc[closed_run, "E2E p50 from intended"]
-    _require(
+    require(
         open_actual >= hidden_at_least * closed_actual,
         f"the closed loop reports a median E2E of {closed_actual:.0f} ms, the open loop {open_actual:.0f} ms: "
         f"under {hidden_at_least}× apart, so no omission to see (did the server queue at all?)",
     )
-    _require(
+    require(
         closed_intended >= moved_at_least * open_actual,
         f"from the intended sends the closed loop's users waited {closed_intended:.0f} ms, under {moved_at_least} "
         f"of the open loop's {open_actual:.0f} ms: its records hide the wait",
@@ -290,7 +285,7 @@ def check_goodput_recomputed(
     recomputed = {}
     for label, (rows, duration_s, reported) in runs.items():
         mine = goodput_from_rows(rows, duration_s, ttft_s, tpot_s, e2e_s)
-        _require(
+        require(
             abs(mine - reported) <= within,
             f"{label}: goodput {reported:.3f} req/s reported, {mine:.3f} from the records",
         )
@@ -304,7 +299,7 @@ def check_prompt_tokens(rows: Sequence[Mapping[str, Any]], expected_tokens: Sequ
     tokenizer, or one that counted words, sends other lengths than it reports and fails."""
     wrong = [(row["index"], row["prompt_tokens"], expected_tokens[row["index"]]) for row in rows
              if row["prompt_tokens"] != expected_tokens[row["index"]]]  # fmt: skip
-    _require(bool(rows) and not wrong, f"prompt tokens (index, server, load tester) differ: {wrong[:3]}")
+    require(bool(rows) and not wrong, f"prompt tokens (index, server, load tester) differ: {wrong[:3]}")
 
 
 def check_wait_in_server_queue(knee: pd.DataFrame, at_least: float) -> float:
@@ -312,7 +307,7 @@ def check_wait_in_server_queue(knee: pd.DataFrame, at_least: float) -> float:
     least ``at_least`` of the run's TTFT p50. Returns that share."""
     queue_ms, ttft_ms = knee["server queue ms"].iloc[-1], knee["TTFT p50"].iloc[-1]
     share = queue_ms / ttft_ms if ttft_ms else math.nan
-    _require(share >= at_least, f"the server queued {queue_ms:.0f} ms of a {ttft_ms:.0f} ms TTFT p50, under {at_least}")
+    require(share >= at_least, f"the server queued {queue_ms:.0f} ms of a {ttft_ms:.0f} ms TTFT p50, under {at_least}")
     return share
 
 
@@ -323,11 +318,9 @@ def check_prefix_hits(
     finds at least ``shared_at_least`` of its prompt tokens cached, the other at most ``unshared_at_most``, and
     the cached prefill shows as a shorter median TTFT."""
     on, off = hits.loc[shared], hits.loc[unshared]
-    _require(on["hit rate"] >= shared_at_least, f"{shared}: hit rate {on['hit rate']:.2f}, under {shared_at_least}")
-    _require(
-        off["hit rate"] <= unshared_at_most, f"{unshared}: hit rate {off['hit rate']:.2f}, over {unshared_at_most}"
-    )
-    _require(
+    require(on["hit rate"] >= shared_at_least, f"{shared}: hit rate {on['hit rate']:.2f}, under {shared_at_least}")
+    require(off["hit rate"] <= unshared_at_most, f"{unshared}: hit rate {off['hit rate']:.2f}, over {unshared_at_most}")
+    require(
         on["TTFT p50"] < off["TTFT p50"], f"TTFT p50 {on['TTFT p50']} ms with the prefix, {off['TTFT p50']} without"
     )
 
@@ -338,16 +331,16 @@ def check_cancellations(summary: Mapping[str, Any], rows: Sequence[Mapping[str, 
     from minserve.lab.loadtest_tables import server_finished  # beside the tables that read server metrics
 
     cancelled = [row for row in rows if row["status"] == "cancelled"]
-    _require(summary["cancelled"] > 0 and len(cancelled) == summary["cancelled"], f"{len(cancelled)} cancelled rows")
+    require(summary["cancelled"] > 0 and len(cancelled) == summary["cancelled"], f"{len(cancelled)} cancelled rows")
     wrong = [len(row["chunk_times_s"]) for row in cancelled if len(row["chunk_times_s"]) != after_chunks]
-    _require(not wrong, f"hung up after {wrong[:3]} chunks, not {after_chunks}")
+    require(not wrong, f"hung up after {wrong[:3]} chunks, not {after_chunks}")
     aborted = server_finished(summary).get("abort", 0)
-    _require(
+    require(
         aborted == summary["cancelled"], f"the server aborted {aborted}, the client cancelled {summary['cancelled']}"
     )
     server = summary.get("server", {})
     usage, running = server.get("kv_cache_usage_perc"), server.get("num_requests_running")
-    _require(usage == 0 and running == 0, f"after the run: KV usage {usage}, running {running}")
+    require(usage == 0 and running == 0, f"after the run: KV usage {usage}, running {running}")
     return len(cancelled)
 
 
@@ -357,8 +350,8 @@ def check_bundle_complete(
     """The evidence bundle holds a record for every request of every run (``sent_per_run`` each, known from the
     workload), and its report loads nothing from the network (no script or stylesheet by URL)."""
     counts = {run: len(rows) for run, rows in groups.items()}
-    _require(
+    require(
         bool(counts) and all(n == sent_per_run for n in counts.values()),
         f"records per run {counts}, sent {sent_per_run}",
     )
-    _require("<script src=" not in report_html and "<link" not in report_html, "report.html loads from the network")
+    require("<script src=" not in report_html and "<link" not in report_html, "report.html loads from the network")

@@ -25,6 +25,7 @@ import pandas as pd
 
 from minserve import slo
 from minserve.bench.workload import BenchRequest
+from minserve.lab.checks import require
 from minserve.lab.loadtest_tables import server_finished
 
 # A refusal costs no model work: its latency is under this fraction of an admitted request's median E2E.
@@ -183,11 +184,6 @@ def quality_problems(agreement: pd.DataFrame, at_least: float = AGREEMENT_MIN) -
     return []
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
-
-
 def check_failures_counted(
     result_rows_sent: Sequence[tuple[Mapping[str, Any], Sequence[Mapping[str, Any]], int]], race_max: float
 ) -> None:
@@ -195,23 +191,23 @@ def check_failures_counted(
     problems = [
         f"{s['label']}: {p}" for s, rows, sent in result_rows_sent for p in failure_problems(s, rows, sent, race_max)
     ]
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
 
 
 def check_refusals_fast(rows: Sequence[Mapping[str, Any]], fast_fraction: float) -> None:
     """:func:`refusal_problems` as a check."""
     problems = refusal_problems(rows, fast_fraction)
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
 
 
 def check_timeouts_enforced(rows: Sequence[Mapping[str, Any]], timeout_s: float, slack_s: float) -> None:
     """:func:`timeout_problems` as a check."""
     problems = timeout_problems(rows, timeout_s, slack_s)
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
 
 
 def check_answers_agree(agreement: pd.DataFrame, at_least: float) -> float:
     """:func:`quality_problems` as a check. Returns the share of served answers equal to the offline ones."""
     problems = quality_problems(agreement, at_least)
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
     return float(agreement["equal"].mean())

@@ -23,17 +23,13 @@ from collections.abc import Mapping, Sequence
 import pandas as pd
 
 from minserve.capacity.confirmation import EngineCheck
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
+from minserve.lab.checks import require
 
 
 def at_load(table: pd.DataFrame, policy: str, load_multiple: float) -> pd.Series:
     """The row of ``policy`` at ``load_multiple`` × capacity."""
     rows = table[(table["policy"] == policy) & (table["load_multiple"] == load_multiple)]
-    _require(
+    require(
         len(rows) == 1,
         f"expected one row for {policy!r} at {load_multiple:g}×, found {len(rows)} "
         f"(policies: {sorted(set(table['policy']))}, loads: {sorted(set(table['load_multiple']))})",
@@ -63,28 +59,28 @@ def check_admission_keeps_slo(
     good, bad = at_load(table, admitting, load_multiple), at_load(table, without, load_multiple)
     where = f"at {load_multiple:g}× capacity"
     admitted = good["sent"] - good["refused"]
-    _require(
+    require(
         admitted > 0,
         f"{admitting} {where} admitted none of {good['sent']} requests: refusing everything "
         "keeps no SLO, it serves nobody",
     )
-    _require(good["refused"] > 0, f"{admitting} {where} refused nothing: it did not shed the excess load")
-    _require(
+    require(good["refused"] > 0, f"{admitting} {where} refused nothing: it did not shed the excess load")
+    require(
         _is(good["attainment_admitted"]) and good["attainment_admitted"] >= min_attainment,
         f"{admitting} {where}: {good['attainment_admitted']:.0%} of admitted requests met the SLO, "
         f"need ≥ {min_attainment:.0%}",
     )
-    _require(
+    require(
         good["ttft_p99_s"] <= ttft_p99_factor * slo_ttft_s,
         f"{admitting} {where}: admitted p99 TTFT {good['ttft_p99_s']:.3g} s, over {ttft_p99_factor:g} × the "
         f"{slo_ttft_s:g} s SLO",
     )
-    _require(
+    require(
         bad["attainment_admitted"] <= collapsed_attainment,
         f"{without} {where}: {bad['attainment_admitted']:.0%} of admitted requests met the SLO; without "
         f"admission the queue should grow until most miss (≤ {collapsed_attainment:.0%})",
     )
-    _require(
+    require(
         bad["ttft_p99_s"] > slo_ttft_s,
         f"{without} {where}: p99 TTFT {bad['ttft_p99_s']:.3g} s is within the "
         f"{slo_ttft_s:g} s SLO: the load did not overload it",
@@ -111,12 +107,12 @@ def check_goodput(
     excess keeps the replica doing useful work, not just refusing. Returns both goodputs."""
     good, bad = at_load(table, admitting, load_multiple), at_load(table, without, load_multiple)
     capacity = float(good["capacity_rps"])
-    _require(
+    require(
         good["goodput_rps"] >= min_ratio * bad["goodput_rps"],
         f"at {load_multiple:g}×: goodput {good['goodput_rps']:.3g} req/s with {admitting}, "
         f"{bad['goodput_rps']:.3g} without: need ≥ {min_ratio:g}×",
     )
-    _require(
+    require(
         good["goodput_rps"] >= min_capacity_share * capacity,
         f"at {load_multiple:g}×: goodput {good['goodput_rps']:.3g} req/s with {admitting} is under "
         f"{min_capacity_share:.0%} of the capacity, {capacity:.3g} req/s",
@@ -135,14 +131,14 @@ def check_fast_refusals(
     send to the 429) is under ``max_share_of_slo`` of the TTFT SLO and under the admitted requests' median
     TTFT: a refusal tells the client at once, it does not wait in the queue. Returns the refusal times."""
     row = at_load(served, policy, load_multiple)
-    _require(row["refused"] > 0, f"{policy} at {load_multiple:g}× refused nothing: no refusal to time")
+    require(row["refused"] > 0, f"{policy} at {load_multiple:g}× refused nothing: no refusal to time")
     p99, bound = float(row["refusal_p99_s"]), max_share_of_slo * slo_ttft_s
-    _require(
+    require(
         p99 <= bound,
         f"{policy} at {load_multiple:g}×: refusal p99 {p99 * 1e3:.0f} ms, over "
         f"{max_share_of_slo:g} × the {slo_ttft_s:g} s SLO ({bound * 1e3:.0f} ms)",
     )
-    _require(
+    require(
         p99 < row["ttft_p50_s"],
         f"{policy} at {load_multiple:g}×: refusal p99 {p99 * 1e3:.0f} ms is not "
         f"faster than an admitted request's median TTFT, {row['ttft_p50_s'] * 1e3:.0f} ms",
@@ -176,7 +172,7 @@ def check_nothing_lost(
         for policy, growth in memory_growth.items()
         if growth > max_memory_growth
     ]
-    _require(not problems, "; ".join(problems))
+    require(not problems, "; ".join(problems))
     return {
         "requests": int(served["sent"].sum()),
         "refused": int(served["refused"].sum()),
@@ -189,18 +185,18 @@ def check_retry_storm(summary: pd.DataFrame, naive: str = "naive", careful: str 
     fewer attempts than ``naive`` immediate retries, a smaller amplification (attempts per request), and no
     fewer successes than half of naive's. Returns each strategy's attempts and amplification."""
     rows = summary.set_index("strategy")
-    _require({naive, careful} <= set(rows.index), f"need {naive!r} and {careful!r}, got {sorted(rows.index)}")
+    require({naive, careful} <= set(rows.index), f"need {naive!r} and {careful!r}, got {sorted(rows.index)}")
     a, b = rows.loc[careful], rows.loc[naive]
-    _require(
+    require(
         a["attempts"] < b["attempts"],
         f"{careful} sent {a['attempts']:.0f} attempts, {naive} {b['attempts']:.0f}: the careful strategy "
         "must send fewer",
     )
-    _require(
+    require(
         a["amplification"] < b["amplification"],
         f"amplification {a['amplification']:.2f} with {careful}, {b['amplification']:.2f} with {naive}",
     )
-    _require(
+    require(
         a["successes"] >= 0.5 * b["successes"],
         f"{careful} served {a['successes']:.0f} requests, {naive} {b['successes']:.0f}: sending fewer attempts "
         "must not mean serving almost nobody",
@@ -220,24 +216,24 @@ def check_envelope_confirmed(
     rate's is no better than the lowest's. (Past the knee only the direction is held: there attainment falls
     off a cliff whose place moves with any change in the machine's speed, another process's load included.)
     Returns the (predicted, measured) attainment per rate."""
-    _require(len(checks) >= 2, f"need at least two rates, got {len(checks)}")
+    require(len(checks) >= 2, f"need at least two rates, got {len(checks)}")
     by_rate = sorted(checks, key=lambda c: c.rate_rps)
     for check in by_rate:
         predicted, measured = check.predicted.attainment["all"], check.measured.attainment["all"]
-        _require(
+        require(
             check.share_of_max > 1 or abs(predicted - measured) <= tolerance,
             f"at {check.rate_rps:.3g} req/s the engine met the SLO for {measured:.0%} of requests, the "
             f"simulator predicted {predicted:.0%}: more than {tolerance:.0%} apart",
         )
         if check.share_of_max < 1:
             required = required_attainment - slack
-            _require(
+            require(
                 measured >= required,
                 f"below the knee ({check.rate_rps:.3g} req/s) the engine met the SLO "
                 f"for only {measured:.0%} of requests, need ≥ {required:.0%}",
             )
     low, high = by_rate[0].measured.attainment["all"], by_rate[-1].measured.attainment["all"]
-    _require(high <= low, f"measured attainment rose with the rate: {low:.0%} at the lowest, {high:.0%} at the highest")
+    require(high <= low, f"measured attainment rose with the rate: {low:.0%} at the lowest, {high:.0%} at the highest")
     return {
         f"{c.rate_rps:.3g} req/s": (round(c.predicted.attainment["all"], 3), round(c.measured.attainment["all"], 3))
         for c in by_rate

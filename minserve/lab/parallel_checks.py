@@ -22,8 +22,9 @@ import pandas as pd
 
 from minserve.capacity.kv import Dtype
 from minserve.capacity.parallel import Stage, pipeline_stages, stage_params_per_gpu, tensor_parallel_traffic
+from minserve.lab.checks import require
 from minserve.lab.parallel_experts import ExpertParallelRun
-from minserve.lab.parallel_runs import EngineRun, concurrent_s
+from minserve.lab.parallel_runs import TrafficRun, concurrent_s
 from minserve.model.config import ModelConfig
 from minserve.parallel.pipeline import PipelineStats
 
@@ -31,15 +32,10 @@ from minserve.parallel.pipeline import PipelineStats
 PUBLISHED_PARAMS = {"Llama-3-8B": 8.03e9, "Llama-3-70B": 70.6e9, "Mixtral-8x7B": 46.7e9}
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
-
-
 def check_same_tokens(expected: Sequence[Sequence[int]], measured: Sequence[Sequence[int]], what: str) -> int:
     """``measured`` (the split run's greedy tokens) are ``expected`` (one process's), request by request,
     token by token. Returns the number of tokens compared."""
-    _require(len(expected) == len(measured), f"{what}: {len(measured)} requests, one process had {len(expected)}")
+    require(len(expected) == len(measured), f"{what}: {len(measured)} requests, one process had {len(expected)}")
     for i, (want, got) in enumerate(zip(expected, measured)):
         if list(want) != list(got):
             at = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
@@ -62,7 +58,7 @@ def check_tensor_parallel_traffic(steps: pd.DataFrame, config: ModelConfig, size
             wrong.append((step.step, got, (want.all_reduce_bytes, want.all_reduce_calls, want.all_gather_bytes)))
         total += step.all_reduce_bytes
         expected_total += want.all_reduce_bytes
-    _require(not wrong, f"{len(wrong)} of {len(steps)} steps sent other than the formula, (all-reduce bytes, calls, "
+    require(not wrong, f"{len(wrong)} of {len(steps)} steps sent other than the formula, (all-reduce bytes, calls, "
                         f"all-gather bytes) measured vs formula: {wrong[:3]}")  # fmt: skip
     per_token = tensor_parallel_traffic(config, 1, size, dtype).all_reduce_bytes
     return {"steps": len(steps), "all-reduce bytes": int(total), "formula": int(expected_total),
@@ -70,8 +66,8 @@ def check_tensor_parallel_traffic(steps: pd.DataFrame, config: ModelConfig, size
 
 
 def check_rank_memory(
-    one: EngineRun,
-    rank0: EngineRun,
+    one: TrafficRun,
+    rank0: TrafficRun,
     config: ModelConfig,
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
@@ -83,12 +79,12 @@ def check_rank_memory(
     stage = pipeline_stages(config, pipeline_parallel_size)[0]
     predicted = stage_params_per_gpu(config, stage, tensor_parallel_size)
     whole = stage_params_per_gpu(config, Stage(config.num_layers), 1)
-    _require(one.params_here == whole, f"one process holds {one.params_here:,} parameters, the planner {whole:,}")
-    _require(rank0.params_here == predicted,
+    require(one.params_here == whole, f"one process holds {one.params_here:,} parameters, the planner {whole:,}")
+    require(rank0.params_here == predicted,
              f"rank 0 holds {rank0.params_here:,} parameters; its share (TP={tensor_parallel_size}, "
              f"{stage.layers} of {config.num_layers} layers) is {predicted:,}")  # fmt: skip
     kv = one.kv_bytes_per_token * stage.layers // config.num_layers // tensor_parallel_size
-    _require(rank0.kv_bytes_per_token == kv, f"rank 0 keeps {rank0.kv_bytes_per_token} KV bytes a token, not {kv}")
+    require(rank0.kv_bytes_per_token == kv, f"rank 0 keeps {rank0.kv_bytes_per_token} KV bytes a token, not {kv}")
     return {"one process params": one.params_here, "rank 0 params": rank0.params_here,
             "rank 0 share": rank0.params_here / one.params_here, "rank 0 KV bytes/token": kv}  # fmt: skip
 
@@ -106,22 +102,22 @@ def check_pipeline_schedule(stats: dict[int, PipelineStats]) -> dict[int, dict[s
     """
     result = {}
     for m, run in stats.items():
-        _require(bool(run.steps), f"m={m}: no steps recorded")
+        require(bool(run.steps), f"m={m}: no steps recorded")
         for index, step in enumerate(run.steps):
             where = f"m={m}, step {index}"
-            _require(step.num_micro_batches == m and all(len(s) == m for s in step.spans),
+            require(step.num_micro_batches == m and all(len(s) == m for s in step.spans),
                      f"{where}: {[len(s) for s in step.spans]} micro-batches per stage, not {m}")  # fmt: skip
             for s, spans in enumerate(step.spans):
-                _require(all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans)),
+                require(all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans)),
                          f"{where}: stage {s} worked on two micro-batches at once")  # fmt: skip
             for s in range(1, step.num_stages):
                 early = [i for i, ((_, done), (began, _)) in enumerate(zip(step.spans[s - 1], step.spans[s]))
                          if began < done]  # fmt: skip
-                _require(not early, f"{where}: stage {s} began micro-batch(es) {early} before stage {s - 1} ended them")
+                require(not early, f"{where}: stage {s} began micro-batch(es) {early} before stage {s - 1} ended them")
         span_s = sum(step.span_s for step in run.steps)
         overlap = sum(concurrent_s(step) for step in run.steps) / span_s
         if m > 1:
-            _require(overlap > 0, f"m={m}: the stages never worked at the same time")
+            require(overlap > 0, f"m={m}: the stages never worked at the same time")
         result[m] = {"bubble (measured)": run.bubble_fraction, "bubble (predicted)": run.predicted_bubble_fraction,
                      "overlap share": overlap}  # fmt: skip
     return result
@@ -134,13 +130,13 @@ def check_routing(rows: pd.DataFrame, aware: str = "prefix-aware", blind: str = 
     round-robin did. Returns each policy's hit rate."""
     off = rows[rows["cached (measured)"] != rows["cached (predicted)"]]
     shown = ["policy", "request", "replica", "cached (predicted)", "cached (measured)"]
-    _require(off.empty, f"{len(off)} requests found other than the predicted cached tokens, first: "
+    require(off.empty, f"{len(off)} requests found other than the predicted cached tokens, first: "
                         f"{off.head(3)[shown].to_dict('records')}")  # fmt: skip
     spread = rows[rows["policy"] == aware].groupby("prefix")["replica"].nunique()
-    _require((spread == 1).all(), f"{aware} sent prefixes {list(spread[spread > 1].index)} to several replicas")
+    require((spread == 1).all(), f"{aware} sent prefixes {list(spread[spread > 1].index)} to several replicas")
     rates = {policy: float(run["cached (measured)"].sum() / run["prompt tokens"].sum())
              for policy, run in rows.groupby("policy", sort=False)}  # fmt: skip
-    _require(
+    require(
         rates[aware] > rates[blind], f"{aware} hit rate {rates[aware]:.3f} is not above {blind}'s {rates[blind]:.3f}"
     )
     return rates
@@ -152,16 +148,16 @@ def check_expert_parallel(run: ExpertParallelRun) -> dict:
     forwarded tokens × top-k, every rank running some; and rank 0's all-to-all bytes are the rows that left it
     (its tokens sent to other ranks' experts, and the outputs it sent back to them), ``hidden × bytes`` a row."""
     check_same_tokens(run.one_process_token_ids, run.token_ids, "expert parallelism")
-    _require(bool((run.load == run.one_process_load).all()),
+    require(bool((run.load == run.one_process_load).all()),
              f"expert load differs from one process's:\n{run.load}\nvs\n{run.one_process_load}")  # fmt: skip
     expected = run.forwarded_tokens * run.config.num_experts_per_tok
     sums = run.load_per_rank.sum(dim=1).tolist()
-    _require(all(s == expected for s in sums), f"pairs per layer {sums}, not tokens × top-k = {expected}")
+    require(all(s == expected for s in sums), f"pairs per layer {sums}, not tokens × top-k = {expected}")
     idle = (run.load_per_rank == 0).nonzero().tolist()
-    _require(not idle, f"(layer, rank) pairs with no work: {idle}")
+    require(not idle, f"(layer, rank) pairs with no work: {idle}")
     pairs, row_bytes = run.pairs, run.config.hidden_size * run.element_bytes
     left = int(pairs[0].sum() - pairs[0, 0] + pairs[:, 0].sum() - pairs[0, 0])
-    _require(
+    require(
         run.traffic.all_to_all_bytes == left * row_bytes,
         f"rank 0 counted {run.traffic.all_to_all_bytes} all-to-all bytes; {left} rows of {row_bytes} bytes left it",
     )
@@ -177,21 +173,21 @@ def check_memory_fit(table: pd.DataFrame, tolerance: float = 0.01) -> dict:
 
     def row(model: str, tp: int) -> pd.Series:
         found = table[(table["model"] == model) & (table["TP"] == tp)]
-        _require(len(found) == 1, f"no row for {model} at TP={tp}")
+        require(len(found) == 1, f"no row for {model} at TP={tp}")
         return found.iloc[0]
 
     for model, published in PUBLISHED_PARAMS.items():
         counted = row(model, 1)["params (B)"] * 1e9
-        _require(abs(counted / published - 1) <= tolerance,
+        require(abs(counted / published - 1) <= tolerance,
                  f"{model}: {counted / 1e9:.2f}B parameters counted, {published / 1e9:.2f}B published")  # fmt: skip
-    _require(bool(row("Llama-3-8B", 1)["weights fit"]), "Llama-3-8B should fit one 80 GB GPU")
-    _require(not row("Llama-3-70B", 1)["weights fit"], "Llama-3-70B's 141 GB of bf16 weights fit one 80 GB GPU?")
+    require(bool(row("Llama-3-8B", 1)["weights fit"]), "Llama-3-8B should fit one 80 GB GPU")
+    require(not row("Llama-3-70B", 1)["weights fit"], "Llama-3-70B's 141 GB of bf16 weights fit one 80 GB GPU?")
     tp2 = row("Llama-3-70B", 2)
-    _require(bool(tp2["weights fit"]) and 1 <= tp2["sequences"] < 8,
+    require(bool(tp2["weights fit"]) and 1 <= tp2["sequences"] < 8,
              f"Llama-3-70B on two GPUs: weights fit {tp2['weights fit']}, {tp2['sequences']} sequences of KV room "
              "(the weights take 70.6 of 72 GB: room for one or a few)")  # fmt: skip
-    _require(not row("Mixtral-8x7B", 1)["weights fit"], "Mixtral-8x7B's 93 GB (every expert) fit one 80 GB GPU?")
-    _require(bool(row("Mixtral-8x7B", 2)["weights fit"]), "Mixtral-8x7B should fit two 80 GB GPUs")
+    require(not row("Mixtral-8x7B", 1)["weights fit"], "Mixtral-8x7B's 93 GB (every expert) fit one 80 GB GPU?")
+    require(bool(row("Mixtral-8x7B", 2)["weights fit"]), "Mixtral-8x7B should fit two 80 GB GPUs")
     return {f"{m} TP{tp}": int(row(m, tp)["sequences"]) for m in PUBLISHED_PARAMS for tp in (1, 2)}
 
 
@@ -201,10 +197,10 @@ def check_link_fit(table: pd.DataFrame, within: float = 2.0) -> dict:
     time. A link whose cost is not a fixed latency plus bytes over a bandwidth (a protocol that switches at
     some size, a queue that builds with the message) fails. Returns predicted / measured per held-out size."""
     held = table[table["role"] == "held out"]
-    _require(not held.empty, "no held-out size: a fit through every point cannot be wrong")
+    require(not held.empty, "no held-out size: a fit through every point cannot be wrong")
     ratios = held["predicted / measured"]
     off = ratios[(ratios > within) | (ratios < 1 / within)]
-    _require(off.empty, f"the α–β fit predicts held-out all-reduces of {list(off.index)} bytes at "
+    require(off.empty, f"the α–β fit predicts held-out all-reduces of {list(off.index)} bytes at "
                         f"{[round(r, 2) for r in off]} × their measured time, not within ×{within:g}")  # fmt: skip
     return {f"{size:,} B": round(float(r), 2) for size, r in ratios.items()}
 
@@ -219,9 +215,9 @@ def check_bubble_band(table: pd.DataFrame, within: float = 0.2, below: float = 0
     predicted, measured = table["bubble (predicted)"], table["bubble (measured)"]
     off = [m for m in table.index if not predicted[m] - below <= measured[m] <= predicted[m] + within]
     pairs = {m: (round(float(predicted[m]), 3), round(float(measured[m]), 3)) for m in off}
-    _require(not off, f"bubble (predicted, measured) outside [predicted − {below:g}, predicted + {within:g}]: {pairs}")
+    require(not off, f"bubble (predicted, measured) outside [predicted − {below:g}, predicted + {within:g}]: {pairs}")
     fewest, most = min(table.index), max(table.index)
-    _require(most == fewest or measured[most] < measured[fewest],
+    require(most == fewest or measured[most] < measured[fewest],
              f"the bubble did not shrink with micro-batches: {measured[fewest]:.3f} at m = {fewest}, "
              f"{measured[most]:.3f} at m = {most}")  # fmt: skip
     return {int(m): (round(float(predicted[m]), 3), round(float(measured[m]), 3)) for m in table.index}

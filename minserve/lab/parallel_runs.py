@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
-import torch
 
 from minserve.capacity.interconnect import Interconnect, ring_all_gather_s, ring_all_reduce_s
 from minserve.capacity.parallel import pipeline_stages, stage_params_per_gpu
 from minserve.engine.core import StepReport
 from minserve.engine.llm import LLM
 from minserve.engine.sampling_params import SamplingParams
+from minserve.measure.prompts import random_prompts
+from minserve.measure.steps import StepRecorder, is_decode
 from minserve.model.config import ModelConfig
 from minserve.parallel.pipeline import PipelineStats, StepTimeline
 
@@ -36,7 +37,7 @@ TRAFFIC_FIELDS = ("all_reduce_bytes", "all_reduce_calls", "all_gather_bytes", "a
 
 
 @dataclass
-class EngineRun:
+class TrafficRun:
     """One engine's greedy run: the tokens of each request, and one row per step.
 
     ``steps`` columns: ``step`` (from 1), ``tokens`` (forwarded this step), ``rows`` (sequences that sampled a token),
@@ -52,38 +53,33 @@ class EngineRun:
     kv_bytes_per_token: int
 
 
-def run_engine_steps(llm: LLM, prompts: Sequence[str | list[int]], params: SamplingParams) -> EngineRun:
-    """Warm ``llm`` up, then generate ``prompts`` with one row per step (see :class:`EngineRun`)."""
+def run_engine_steps(llm: LLM, prompts: Sequence[str | list[int]], params: SamplingParams) -> TrafficRun:
+    """Warm ``llm`` up, then generate ``prompts`` with one row per step (see :class:`TrafficRun`)."""
     llm.generate(prompts[:1], WARM_UP)  # first steps pay one-time costs (allocations, gloo's first buffers)
     comm = llm.engine.parallel.comm if llm.engine.parallel is not None else None
-    reports: list[tuple[StepReport, dict[str, float]]] = []
 
-    def record(report: StepReport) -> None:  # after each step: the traffic counters hold that step's too
-        counted = {name: getattr(comm.traffic, name) for name in TRAFFIC_FIELDS} if comm else {}
-        reports.append((report, counted))
+    def traffic(report: StepReport) -> dict[str, float]:  # after each step: the counters hold that step's too
+        return {name: getattr(comm.traffic, name) for name in TRAFFIC_FIELDS} if comm else {}
 
     if comm is not None:
         comm.traffic.reset()
-    llm.engine.core.observers.append(record)
-    try:
+    with StepRecorder(llm.engine.core, traffic) as recorder:
         outputs = llm.generate(list(prompts), params)
-    finally:
-        llm.engine.core.observers.remove(record)
     prompt_tokens = {o.request_id: len(o.prompt_token_ids) for o in outputs}
     rows, before = [], dict.fromkeys(TRAFFIC_FIELDS, 0) if comm else {}
-    for number, (report, counted) in enumerate(reports, start=1):
+    for number, (report, counted) in enumerate(zip(recorder.reports, recorder.probes), start=1):
         rows.append({
             "step": number,
-            "tokens": sum(s.num_new_tokens for s in report.scheduled),
+            "tokens": report.num_tokens,
             "rows": sum(s.num_computed_tokens + s.num_new_tokens >= prompt_tokens[s.request_id]
                         for s in report.scheduled),
-            "decode": all(s.state == "decode" for s in report.scheduled),
+            "decode": is_decode(report),
             "executor_s": report.duration_s,
             **{name: counted[name] - before[name] for name in counted},
         })  # fmt: skip
         before = counted
     model = llm.engine.model
-    return EngineRun(
+    return TrafficRun(
         token_ids=[o.token_ids for o in outputs],
         steps=pd.DataFrame(rows),
         params_here=sum(p.numel() for p in model.parameters()),
@@ -91,7 +87,7 @@ def run_engine_steps(llm: LLM, prompts: Sequence[str | list[int]], params: Sampl
     )
 
 
-def latency_table(one: EngineRun, split: EngineRun, size: int, link: Interconnect) -> pd.DataFrame:
+def latency_table(one: TrafficRun, split: TrafficRun, size: int, link: Interconnect) -> pd.DataFrame:
     """The median decode step (ms) of one process and of ``size`` tensor-parallel ranks, beside a prediction
     for the ranks: one process's step divided by ``size`` (each rank does ``1 / size`` of the work), plus
     the step's collectives on ``link`` (the ring model, :mod:`minserve.capacity.interconnect`), counted from
@@ -117,13 +113,6 @@ def latency_table(one: EngineRun, split: EngineRun, size: int, link: Interconnec
 # --- the pipeline's bubble ------------------------------------------------------------------------------------
 
 
-def random_prompts(count: int, num_tokens: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    """``count`` prompts of ``num_tokens`` random token ids (seeded; no two share a prefix, so nothing is
-    cached and every step computes what it is given)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab_size, (count, num_tokens), generator=generator).tolist()
-
-
 def bubble_sweep(
     llm: LLM, micro_batches: Sequence[int] = (1, 2, 4), prompt_tokens: int = 256, rounds: int = 4, seed: int = 0
 ) -> dict[int, PipelineStats]:
@@ -137,7 +126,7 @@ def bubble_sweep(
     if max(micro_batches) > most:
         raise ValueError(f"micro-batch counts {list(micro_batches)} exceed the engine's num_micro_batches={most}")
     vocab = llm.model_config.vocab_size
-    prompts = random_prompts(sum(micro_batches) * rounds, prompt_tokens, vocab, seed)
+    prompts = random_prompts([prompt_tokens] * (sum(micro_batches) * rounds), vocab, seed)
     one_token = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     llm.generate(prompts[:1], one_token)  # warm-up
     llm.engine.pipeline_stats(reset=True)
@@ -181,7 +170,9 @@ def bubble_table(stats: dict[int, PipelineStats]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("micro-batches")
 
 
-def rank_memory_table(runs: dict[str, tuple[EngineRun, int, int]], one: EngineRun, config: ModelConfig) -> pd.DataFrame:
+def rank_memory_table(
+    runs: dict[str, tuple[TrafficRun, int, int]], one: TrafficRun, config: ModelConfig
+) -> pd.DataFrame:
     """What this process (rank 0) holds in each run (name → (run, tensor-parallel size, pipeline-parallel
     size)), beside one process: parameters, measured and as the planner counts the first stage's share
     (:func:`minserve.capacity.parallel.stage_params_per_gpu`), and KV bytes a token."""

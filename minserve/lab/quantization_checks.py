@@ -18,17 +18,14 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
+from minserve.lab.checks import require
 
 
 def check_round_trip(table: pd.DataFrame) -> dict[str, float]:
     """Every format brought every weight back within its bound (half a step; fp8: half an ulp)."""
     worst = table["worst error / bound"].to_dict()
     over = {f: w for f, w in worst.items() if w > 1 + 1e-5}
-    _require(not over, f"round trips past their bound: {over}")
+    require(not over, f"round trips past their bound: {over}")
     return worst
 
 
@@ -51,14 +48,14 @@ def check_speed_follows_kernels(
     not judged: the rest of the step and a shared CPU's noise are as large as what 1.4× fewer bytes save.)"""
     rates = {f: float(speed.loc[f, "tokens/s"]) for f in order}
     read = {f: float(speed.loc[f, "read per step (MB)"]) for f in order}
-    _require(list(read.values()) == sorted(read.values(), reverse=True), f"{list(order)} do not read ever fewer bytes")
+    require(list(read.values()) == sorted(read.values(), reverse=True), f"{list(order)} do not read ever fewer bytes")
     slow = {f: round(rates[f] / rates["fp32"], 2) for f in packed if not rates[f] > packed_gain * rates["fp32"]}
-    _require(not slow, f"packed formats decode only {slow} × float32's speed, not > {packed_gain}×")
+    require(not slow, f"packed formats decode only {slow} × float32's speed, not > {packed_gain}×")
     kernel_time = {f: read[f] / kernel_gb_s[f] for f in order}  # ms a step's matmuls would take at that rate
     twofold = [(a, b) for a, b in itertools.combinations(order, 2) if read[a] >= 2 * read[b]]
     judged = [(a, b) for a, b in twofold if kernel_time[b] <= kernel_time_at_most * kernel_time[a]]
     slower = [(a, b) for a, b in judged if rates[b] <= rates[a]]
-    _require(not slower, f"half the bytes or fewer, a kernel that delivers them, but not faster: {slower} ({rates})")
+    require(not slower, f"half the bytes or fewer, a kernel that delivers them, but not faster: {slower} ({rates})")
     behind = [(a, b) for a, b in twofold if (a, b) not in judged]
     return {"tokens/s": rates, "judged": judged, "kernel not faster (not judged)": behind}
 
@@ -77,9 +74,7 @@ def check_kv_bytes(
     per_token = capacity["allocated bytes/token"].to_dict()
     shares = {k: per_token[k] / per_token[full] for k in narrow}
     over = {k: round(v, 4) for k, v in shares.items() if v > (1 + slack) / ratio}
-    _require(
-        not over, f"one-byte caches allocate {over} of {full}'s bytes a token, more than {(1 + slack) / ratio:.4f}"
-    )
+    require(not over, f"one-byte caches allocate {over} of {full}'s bytes a token, more than {(1 + slack) / ratio:.4f}")
     return shares
 
 
@@ -90,10 +85,10 @@ def check_quality(
     above ``top1_above``."""
     kl = quality["KL (nats/token)"].to_dict()
     far = {f: kl[f] for f in close if not kl[f] < kl_bound}
-    _require(not far, f"formats beyond KL {kl_bound}: {far}")
+    require(not far, f"formats beyond KL {kl_bound}: {far}")
     top1 = quality["top-1 agreement"]
     disagree = {f: float(top1[f]) for f in close if not top1[f] > top1_above}
-    _require(not disagree, f"top-1 agreement at or below {top1_above}: {disagree}")
+    require(not disagree, f"top-1 agreement at or below {top1_above}: {disagree}")
     return {f: kl[f] for f in close}
 
 
@@ -103,7 +98,7 @@ def check_bits_order(
     """Against a model whose weights were never narrower than float, fewer bits cost more: ``narrow``'s KL is
     at least ``at_least`` × ``wide``'s."""
     kl = quality["KL (nats/token)"]
-    _require(
+    require(
         kl[narrow] >= at_least * kl[wide], f"{narrow} KL {kl[narrow]:.5f} is not {at_least}× {wide}'s {kl[wide]:.5f}"
     )
     return {narrow: float(kl[narrow]), wide: float(kl[wide]), "ratio": float(kl[narrow] / kl[wide])}
@@ -115,7 +110,7 @@ def check_regridding(
     """On a file already in 4-bit blocks, re-gridding onto other groups (``regridded``) costs at least
     ``factor`` × what keeping the file's blocks (``kept``) does: a second rounding onto a misaligned grid."""
     kl = quality["KL (nats/token)"]
-    _require(kl[regridded] > factor * kl[kept], f"re-gridding cost KL {kl[regridded]:.4f}, keeping {kl[kept]:.4f}")
+    require(kl[regridded] > factor * kl[kept], f"re-gridding cost KL {kl[regridded]:.4f}, keeping {kl[kept]:.4f}")
     return {regridded: float(kl[regridded]), kept: float(kl[kept])}
 
 
@@ -125,11 +120,11 @@ def check_smoothing(
     """SmoothQuant's migration brings W8A8 at least ``gain`` × closer to the float model, in KL, with top-1
     agreement no lower: the outlier channels, divided down, no longer take the per-token grid."""
     kl, top1 = quality["KL (nats/token)"], quality["top-1 agreement"]
-    _require(
+    require(
         kl[smoothed] * gain <= kl[plain],
         f"{smoothed} KL {kl[smoothed]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}",
     )
-    _require(top1[smoothed] >= top1[plain], f"{smoothed} agrees on top-1 less often than {plain}")
+    require(top1[smoothed] >= top1[plain], f"{smoothed} agrees on top-1 less often than {plain}")
     return {plain: float(kl[plain]), smoothed: float(kl[smoothed]), "KL ratio": float(kl[plain] / kl[smoothed])}
 
 
@@ -140,9 +135,7 @@ def check_activation_aware(
     than round-to-nearest at the same bits (``plain``), with a perplexity no higher: the search found the
     columns worth protecting, and folding their scales into the norms changed nothing else."""
     kl = quality["KL (nats/token)"]
-    _require(
-        kl[aware] * gain <= kl[plain], f"{aware} KL {kl[aware]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}"
-    )
+    require(kl[aware] * gain <= kl[plain], f"{aware} KL {kl[aware]:.4f} is not {gain}× below {plain}'s {kl[plain]:.4f}")
     perplexity = quality["perplexity"]
-    _require(perplexity[aware] <= perplexity[plain], f"{aware} perplexity {perplexity[aware]:.2f} > {plain}'s")
+    require(perplexity[aware] <= perplexity[plain], f"{aware} perplexity {perplexity[aware]:.2f} > {plain}'s")
     return {aware: float(kl[aware]), plain: float(kl[plain]), "KL ratio": float(kl[plain] / kl[aware])}

@@ -17,7 +17,7 @@ import pandas as pd
 
 from minserve.capacity import decode_fit
 from minserve.capacity.profiler import Profile
-from minserve.lab.anatomy_checks import require
+from minserve.lab.checks import require
 from minserve.lab.roofline_weights import KVGrowth, WeightBound
 
 

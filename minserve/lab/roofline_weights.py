@@ -25,6 +25,7 @@ from minserve.capacity import profiler
 from minserve.capacity.profiler import DecodePoint, Profile
 from minserve.capacity.roofline import Hardware, measure_read_bandwidth, predict_decode
 from minserve.lab.anatomy_steps import weights_pass_s
+from minserve.measure.prompts import RepeatedPrompts
 
 if TYPE_CHECKING:
     from minserve.engine.llm import LLM
@@ -80,7 +81,7 @@ def measure_weight_bound(
     """
     dtype = str(llm.dtype).removeprefix("torch.")
     peak = capacity.measure_this_machine(copy_mib=16, device=llm.device.type, dtype=dtype).peak_flops_per_s
-    measured, prompts = [], profiler.RepeatedPrompts(llm.engine, seed=3)  # the same short prompts each round
+    measured, prompts = [], RepeatedPrompts(llm.model_config.vocab_size, seed=3)  # the same short prompts each round
     profiler.warm_up(llm, prompts)
     for _ in range(rounds):
         bandwidth = measure_read_bandwidth(read_mib, repeats=3, device=llm.device.type)
@@ -155,11 +156,11 @@ def measure_kv_growth(
 ) -> KVGrowth:
     """``rounds`` × (the batch at the short context, then at the long one), fastest step of each kept.
 
-    The prompts repeat from round to round (:class:`~minserve.capacity.profiler.RepeatedPrompts`), so only
+    The prompts repeat from round to round (:class:`~minserve.measure.prompts.RepeatedPrompts`), so only
     the first round pays the long prefill (most of this function's time: ``batch × long`` prompt tokens);
     later ones find it in the prefix cache. Within a round the sequences share nothing.
     """
-    prompts = profiler.RepeatedPrompts(llm.engine, seed=7)
+    prompts = RepeatedPrompts(llm.model_config.vocab_size, seed=7)
     measured = []
     for _ in range(rounds):
         prompts.rewind()

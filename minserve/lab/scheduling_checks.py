@@ -23,15 +23,11 @@ import pandas as pd
 from minserve.capacity.cost_model import StepCostModel, StepFeatures
 from minserve.capacity.profiler import DecodePoint
 from minserve.engine.core import ScheduledSeq
+from minserve.lab.checks import require
 from minserve.lab.engine_runs import RUNNING_STATES, EngineRun
 
 if TYPE_CHECKING:
     from minserve.engine.llm import LLM
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 # --- static against continuous batching ---------------------------------------------------------------------
@@ -47,10 +43,10 @@ def check_batching(
     for label, run in (("static", static), ("continuous", continuous)):
         asked = {r.request_id: r.output_tokens for r in run.requests}
         produced = {o.request_id: len(o.token_ids) for o in run.outputs}
-        _require(produced == asked, f"{label}: not every request produced its tokens")
+        require(produced == asked, f"{label}: not every request produced its tokens")
     steps_static, steps_continuous = len(static.steps), len(continuous.steps)
-    _require(steps_static == predicted_static, f"static batching took {steps_static} steps, not {predicted_static}")
-    _require(
+    require(steps_static == predicted_static, f"static batching took {steps_static} steps, not {predicted_static}")
+    require(
         continuous_bound <= steps_continuous <= predicted_static / speedup,
         f"continuous batching took {steps_continuous} steps: not within [{continuous_bound}, "
         f"{predicted_static / speedup:.0f}] (the bound, static's / {speedup:g})",
@@ -59,7 +55,7 @@ def check_batching(
     for label, run in (("static", static), ("continuous", continuous)):
         table = run.table()
         e2e[label] = float((table["finish step"] - table["arrival step"]).mean())
-    _require(
+    require(
         e2e["continuous"] < e2e["static"] / speedup,
         f"mean E2E: {e2e['continuous']:.1f} steps continuous, {e2e['static']:.1f} static",
     )
@@ -82,15 +78,15 @@ def check_chunked_prefill(
     In both, each running decode got a token at every step; without chunks, one of those steps stalled them:
     the decodes' p99 inter-token latency is over ``itl_ratio`` × the chunked run's."""
     largest = {"chunked": int(chunked.steps["tokens"].max()), "whole": int(whole.steps["tokens"].max())}
-    _require(largest["chunked"] == budget, f"chunked: the largest step ran {largest['chunked']} tokens, not {budget}")
+    require(largest["chunked"] == budget, f"chunked: the largest step ran {largest['chunked']} tokens, not {budget}")
     expected_whole = long_prompt + len(decode_ids)
-    _require(largest["whole"] == expected_whole, f"unchunked: largest step {largest['whole']}, not {expected_whole}")
+    require(largest["whole"] == expected_whole, f"unchunked: largest step {largest['whole']}, not {expected_whole}")
     for label, run in (("chunked", chunked), ("whole", whole)):
         for rid in decode_ids:
-            _require(bool(np.all(np.diff(run.token_steps[rid]) == 1)), f"{label}: request {rid} skipped a step")
+            require(bool(np.all(np.diff(run.token_steps[rid]) == 1)), f"{label}: request {rid} skipped a step")
     p99 = {label: float(np.percentile(run.itl_ms(decode_ids)["itl_ms"], 99))
            for label, run in (("chunked", chunked), ("whole", whole))}  # fmt: skip
-    _require(
+    require(
         p99["whole"] > itl_ratio * p99["chunked"],
         f"p99 ITL: {p99['whole']:.1f} ms whole, {p99['chunked']:.1f} chunked: not over ×{itl_ratio:g}",
     )
@@ -152,9 +148,9 @@ def check_stall_prediction(table: pd.DataFrame, unchunked: str, chunked: str, wi
     carried the whole prompt) within a factor ``within``, and the chunked run's largest step at under a third
     of it."""
     ratio = table.loc[unchunked, "predicted / measured"]
-    _require(1 / within <= ratio <= within, f"predicted stall / measured = {ratio:.2f}, not within ×{within:g}")
+    require(1 / within <= ratio <= within, f"predicted stall / measured = {ratio:.2f}, not within ×{within:g}")
     predicted = table["predicted ms"]
-    _require(
+    require(
         predicted[chunked] < predicted[unchunked] / 3,
         f"predicted largest step: {predicted[chunked]:.1f} ms chunked, {predicted[unchunked]:.1f} unchunked",
     )
@@ -171,18 +167,18 @@ def check_preemption(
     says how, every preempted request resumed, the outputs are the uninterrupted ``reference`` run's, and every
     device and host block came back; only swap copied blocks; the reference run was never preempted."""
     tokens = [o.token_ids for o in runs[reference].outputs]
-    _require(not runs[reference].preemptions, f"the {reference} run was preempted")
+    require(not runs[reference].preemptions, f"the {reference} run was preempted")
     for mode in ("recompute", "swap"):
         run, bm = runs[mode], engines[mode].engine.block_manager
-        _require(bool(run.preemptions), f"{mode}: no preemption: the KV budget is not tight")
-        _require([o.token_ids for o in run.outputs] == tokens, f"{mode}: outputs differ from the uninterrupted run")
+        require(bool(run.preemptions), f"{mode}: no preemption: the KV budget is not tight")
+        require([o.token_ids for o in run.outputs] == tokens, f"{mode}: outputs differ from the uninterrupted run")
         preempted = [e for e in run.events if e.name == "preempted"]
-        _require({e.args["mode"] for e in preempted} == {mode}, f"{mode}: the trace names another mode")
+        require({e.args["mode"] for e in preempted} == {mode}, f"{mode}: the trace names another mode")
         resumed = {e.request_id for e in run.events if e.name == "resumed"}
-        _require({e.request_id for e in preempted} == resumed, f"{mode}: a preempted request never resumed")
-        _require(bm.num_used_blocks == 0 and len(bm.free_cpu_blocks) == bm.num_cpu_blocks, f"{mode}: blocks held")
+        require({e.request_id for e in preempted} == resumed, f"{mode}: a preempted request never resumed")
+        require(bm.num_used_blocks == 0 and len(bm.free_cpu_blocks) == bm.num_cpu_blocks, f"{mode}: blocks held")
         copied = int(run.steps["swapped_blocks"].sum())
-        _require((copied > 0) == (mode == "swap"), f"{mode}: {copied} blocks copied to or from host memory")
+        require((copied > 0) == (mode == "swap"), f"{mode}: {copied} blocks copied to or from host memory")
     return {mode: len(runs[mode].preemptions) for mode in ("recompute", "swap")}
 
 
@@ -205,22 +201,22 @@ def check_priorities(
     the last round of background requests waited longer than the first: queueing, not the model."""
     ttft = {label: run.table().loc[list(urgent_ids), ["TTFT steps", "TTFT ms"]].mean()
             for label, run in (("fcfs", fcfs), ("priority", priority))}  # fmt: skip
-    _require(
+    require(
         ttft["priority"]["TTFT steps"] < ttft["fcfs"]["TTFT steps"] / 2,
         f"urgent TTFT: {ttft['priority']['TTFT steps']:.1f} steps by priority, {ttft['fcfs']['TTFT steps']:.1f} FCFS",
     )
-    _require(ttft["priority"]["TTFT ms"] < ttft["fcfs"]["TTFT ms"], "urgent requests were not served sooner in time")
+    require(ttft["priority"]["TTFT ms"] < ttft["fcfs"]["TTFT ms"], "urgent requests were not served sooner in time")
     table = fcfs.table()
     late = table.loc[deadline_id]
     asked = {r.request_id: r.output_tokens for r in fcfs.requests}[deadline_id]
-    _require(late["finish"] == "deadline" and late["output tokens"] < asked, f"{deadline_id} was not stopped")
+    require(late["finish"] == "deadline" and late["output tokens"] < asked, f"{deadline_id} was not stopped")
     waited_s, longest_step_s = late["waiting ms"] / 1e3, float(fcfs.steps["duration_s"].max())
-    _require(
+    require(
         deadline_s <= waited_s <= deadline_s + longest_step_s + margin_s,
         f"{deadline_id} waited {waited_s * 1e3:.0f} ms for a {deadline_s * 1e3:.0f} ms deadline",
     )
     waited = table["waiting ms"]
-    _require(waited[list(last_round)].min() > waited[list(first_round)].max(), "the last round did not wait longest")
+    require(waited[list(last_round)].min() > waited[list(first_round)].max(), "the last round did not wait longest")
     return {"urgent_ttft_steps": {k: float(v["TTFT steps"]) for k, v in ttft.items()}, "deadline_waited_s": waited_s}
 
 
@@ -234,10 +230,10 @@ def check_step_shared(points: Sequence[DecodePoint], at_most: float = 2.0) -> di
     about ``1 / B`` of a lone one. An engine that ran the sequences one after another would take ``B`` ×.
     Returns each batch's step and per-token ms."""
     by_batch = {p.batch: p.step_s for p in points}
-    _require(1 in by_batch and len(by_batch) >= 2, f"need batch 1 and a larger batch, got {sorted(by_batch)}")
+    require(1 in by_batch and len(by_batch) >= 2, f"need batch 1 and a larger batch, got {sorted(by_batch)}")
     largest = max(by_batch)
     ratio = by_batch[largest] / by_batch[1]
-    _require(
+    require(
         ratio <= at_most,
         f"a step of {largest} sequences took {ratio:.2f} × a step of one ({by_batch[largest] * 1e3:.1f} ms vs "
         f"{by_batch[1] * 1e3:.1f} ms): over ×{at_most:g}, the batch did not share the step",
@@ -261,7 +257,7 @@ def check_simulator_agrees(
     ratios simulated / measured."""
     ratios = {key: simulated[key]["p50"] / measured[key]["p50"] for key in keys}
     off = {k: round(r, 2) for k, r in ratios.items() if not 1 / within < r < within}
-    _require(not off, f"simulated / measured p50: {off}, not within ×{within:g}")
+    require(not off, f"simulated / measured p50: {off}, not within ×{within:g}")
     return {k: round(r, 2) for k, r in ratios.items()}
 
 
@@ -270,14 +266,14 @@ def check_overload_order(sweep: pd.DataFrame, rate_rps: float, shortest_first: s
     long requests' longest TTFT is longer: the order buys goodput from the long prompts' tail. Returns both
     policies' goodput and longest long-request TTFT."""
     rows = sweep[sweep["rate_rps"] == rate_rps].set_index("policy")
-    _require({shortest_first, fcfs} <= set(rows.index), f"no rows for {shortest_first!r} and {fcfs!r} at {rate_rps}")
+    require({shortest_first, fcfs} <= set(rows.index), f"no rows for {shortest_first!r} and {fcfs!r} at {rate_rps}")
     spf, first = rows.loc[shortest_first], rows.loc[fcfs]
-    _require(
+    require(
         spf["goodput_rps"] > first["goodput_rps"],
         f"at {rate_rps:g} req/s {shortest_first} gave {spf['goodput_rps']:.2f} req/s of goodput, "
         f"{fcfs} {first['goodput_rps']:.2f}",
     )
-    _require(
+    require(
         spf["ttft_long_max_ms"] > first["ttft_long_max_ms"],
         f"{shortest_first}'s long requests waited no longer than under {fcfs}: no price was paid",
     )
@@ -301,16 +297,16 @@ def check_aging(
     """Under a stream of short requests, the ``unaged`` policy gave the long prompt its first token only after
     the stream ended (starvation); the ``aged`` one made it wait fewer steps, and at most ``within`` × the
     aging bound ``bound_steps`` (the wait after which it outranks any newcomer). Returns the steps waited."""
-    _require(
+    require(
         first_token_s[unaged] > stream_ends_s,
         f"{unaged}: the long prompt's first token at {first_token_s[unaged]:.2f} s, before the stream ended "
         f"({stream_ends_s:.2f} s): it did not starve",
     )
-    _require(
+    require(
         waited_steps[aged] < waited_steps[unaged],
         f"{aged} made the long prompt wait {waited_steps[aged]} steps, {unaged} {waited_steps[unaged]}",
     )
-    _require(
+    require(
         waited_steps[aged] <= within * bound_steps,
         f"{aged}: the long prompt waited {waited_steps[aged]} steps, over {within:g} × the aging bound "
         f"({bound_steps:.0f} steps)",
@@ -324,13 +320,13 @@ def check_playground_chunking(
     """In the playground (:func:`minserve.lab.playground.playground_result`), chunked prefill kept every step
     within the ``budget``; turned off, a step carried at least a whole ``long_prompt``, and the running
     decodes' p99 inter-token latency grew over ``itl_ratio`` ×. Returns the largest steps and p99 ITLs."""
-    _require(chunked["max_step_tokens"] <= budget, f"chunked: a step of {chunked['max_step_tokens']} > {budget} tokens")
-    _require(
+    require(chunked["max_step_tokens"] <= budget, f"chunked: a step of {chunked['max_step_tokens']} > {budget} tokens")
+    require(
         unchunked["max_step_tokens"] >= long_prompt,
         f"unchunked: the largest step ran {unchunked['max_step_tokens']} tokens, under a {long_prompt}-token prompt",
     )
     p99 = {"chunked": chunked["itl_ms"]["p99"], "unchunked": unchunked["itl_ms"]["p99"]}
-    _require(
+    require(
         p99["unchunked"] > itl_ratio * p99["chunked"],
         f"p99 ITL {p99['unchunked']:.1f} ms unchunked, {p99['chunked']:.1f} chunked: not over ×{itl_ratio:g}",
     )

@@ -16,12 +16,8 @@ from typing import Any
 import pandas as pd
 
 from minserve.capacity.speculation_runs import SpeculationPoint
+from minserve.lab.checks import require
 from minserve.quality import chi_square_test, chi_square_two_sample
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 def check_profile(table: pd.DataFrame, dominant: Mapping[str, str], share: float = 0.6) -> dict[str, float]:
@@ -31,7 +27,7 @@ def check_profile(table: pd.DataFrame, dominant: Mapping[str, str], share: float
     for workload, phase in dominant.items():
         prefill = float(table.loc[workload, "prefill share"])
         shares[workload] = prefill if phase == "prefill" else 1 - prefill
-        _require(
+        require(
             shares[workload] > share, f"{workload}: {phase} took {shares[workload]:.0%} of latency, not > {share:.0%}"
         )
     return shares
@@ -40,11 +36,11 @@ def check_profile(table: pd.DataFrame, dominant: Mapping[str, str], share: float
 def check_greedy_identity(points: Sequence[SpeculationPoint]) -> dict[str, Any]:
     """Every speculative run gave the plain run's greedy tokens, and the identity is not vacuous: in each
     run drafts were kept (α > 0) and some were refused (α < 1)."""
-    _require(len(points) > 0, "no speculative runs to check")
+    require(len(points) > 0, "no speculative runs to check")
     differing = [f"{p.proposer} k={p.k} ({p.workload}, batch {p.batch})" for p in points if not p.same_output]
-    _require(not differing, f"greedy output changed under speculation: {differing}")
+    require(not differing, f"greedy output changed under speculation: {differing}")
     vacuous = [f"{p.proposer} k={p.k} α={p.acceptance}" for p in points if not 0 < p.acceptance < 1]
-    _require(not vacuous, f"runs that kept no draft or every draft check nothing: {vacuous}")
+    require(not vacuous, f"runs that kept no draft or every draft check nothing: {vacuous}")
     return {"runs": len(points), "acceptance": sorted({p.acceptance for p in points})}
 
 
@@ -54,8 +50,8 @@ def check_verifier_distribution(
     """The verifier's first emitted tokens pass a chi-square test against the target p at ``significance``,
     and the mistaken verifier's fail it: the test can tell them apart."""
     good, bad = chi_square_test(correct, target, significance), chi_square_test(mistaken, target, significance)
-    _require(good.passed, f"the engine's verifier does not emit p: χ² = {good.statistic:.1f} > {good.critical:.1f}")
-    _require(not bad.passed, f"the test did not catch the mistaken verifier: χ² = {bad.statistic:.1f}")
+    require(good.passed, f"the engine's verifier does not emit p: χ² = {good.statistic:.1f} > {good.critical:.1f}")
+    require(not bad.passed, f"the test did not catch the mistaken verifier: χ² = {bad.statistic:.1f}")
     return {"correct_chi2": good.statistic, "mistaken_chi2": bad.statistic, "critical": good.critical}
 
 
@@ -64,9 +60,9 @@ def check_sampled_distribution(
 ) -> dict[str, float]:
     """Sampled tokens with and without speculation pass a two-sample chi-square test, with drafts accepted
     in the speculative run (otherwise it was plain sampling)."""
-    _require(accepted_drafts > 0, "the speculative run kept no draft: nothing was verified")
+    require(accepted_drafts > 0, "the speculative run kept no draft: nothing was verified")
     result = chi_square_two_sample(plain, speculative, significance)
-    _require(
+    require(
         result.passed,
         f"speculation changed the sampled distribution: χ² = {result.statistic:.1f} > {result.critical:.1f}",
     )
@@ -77,8 +73,8 @@ def check_speedup(point: SpeculationPoint, low: float = 0.5, high: float = 1.2) 
     """A speculative run was faster than plain decoding, and its measured speedup lies within
     [``low``, ``high``] × the formula's prediction with the measured verification cost v."""
     ratio = point.measured_speedup / point.predicted_with_verify_cost
-    _require(point.measured_speedup > 1, f"speculation did not pay: {point.measured_speedup:.2f}× plain")
-    _require(
+    require(point.measured_speedup > 1, f"speculation did not pay: {point.measured_speedup:.2f}× plain")
+    require(
         low <= ratio <= high,
         f"measured {point.measured_speedup:.2f}× is {ratio:.2f} × the prediction "
         f"{point.predicted_with_verify_cost:.2f}×, outside [{low}, {high}]",
@@ -89,7 +85,7 @@ def check_speedup(point: SpeculationPoint, low: float = 0.5, high: float = 1.2) 
 def check_batch_lesson(small: SpeculationPoint, large: SpeculationPoint) -> dict[str, float]:
     """The same proposer and k at a large batch: the speedup falls below the small batch's, and below 1:
     speculation is a lever for small batches. (v, the verification step's cost, is returned to read.)"""
-    _require(
+    require(
         large.measured_speedup < min(1.0, small.measured_speedup),
         f"batch {large.batch}: {large.measured_speedup:.2f}×, batch {small.batch}: {small.measured_speedup:.2f}×",
     )
