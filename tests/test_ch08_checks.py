@@ -15,10 +15,18 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.capacity import levers
+from minserve.capacity.presets import MODEL_PRESETS
+from minserve.capacity.roofline import critical_batch_size, hardware
+from minserve.capacity.speculation import (
+    break_even_acceptance,
+    expected_tokens_per_step,
+    roofline_stop_paying_batch,
+    stop_paying_batch,
+)
 from minserve.capacity.speculation_runs import SpeculationPoint, compare, greedy, spec_config, timed_run, workloads
 from minserve.engine.speculative import verifier
 from minserve.engine.speculative.rejection import Verdict, verify
-from minserve.lab import speculation, speculation_checks
+from minserve.lab import speculation, speculation_checks, speculation_hardware
 
 
 def _engine(**options) -> LLM:
@@ -157,3 +165,25 @@ def test_the_explorer_draws_the_curve_and_the_measured_points():
     assert list(fig.data[1].y) == [1.4]
     assert len(speculation.speedup_explorer([_point(1, 1.4, 1.6, 1.15)]).children) == 4
     assert isinstance(speculation.points_table([_point(1, 1.4, 1.6, 1.15)]), pd.DataFrame)
+
+
+def test_the_roofline_arithmetic_of_where_speculation_stops_paying():
+    assert break_even_acceptance(1, 0.4, 1.0) == pytest.approx(0.4)  # α ≥ c + v − 1 at k = 1
+    assert break_even_acceptance(1, 0.4, 1.4) == pytest.approx(0.8)
+    assert break_even_acceptance(3, 1.5, 1.0) == 1.0  # never pays: 4 tokens cannot cover 5.5 steps
+    h100 = hardware("H100")
+    weights_only = stop_paying_batch(critical_batch_size(h100), 0.6, 3)
+    assert weights_only == pytest.approx(295.2 * expected_tokens_per_step(0.6, 3) / 4, rel=1e-3)
+    # The roofline with a one-token context is the weights-only formula, up to attention and rounding.
+    llama = MODEL_PRESETS["Llama-3-8B"]
+    assert roofline_stop_paying_batch(llama, h100, 0.6, 3, 1) == pytest.approx(weights_only, rel=0.02)
+    # A long KV cache keeps the step memory-bound: speculation pays further out.
+    assert roofline_stop_paying_batch(llama, h100, 0.6, 3, 1024) > 2 * weights_only
+
+
+def test_the_production_table_places_the_stop_past_the_critical_batch_with_a_long_cache():
+    table = speculation_hardware.production_table(gpus=("H100",), acceptances=(0.8,), context_tokens=1024)
+    row = table.iloc[0]
+    assert row["stops paying, weights only"] < row["B*"]  # weights only: before the ridge (E < k + 1)
+    kv = row["stops paying, 1024-token KV"]
+    assert kv == "never, up to the batch that fits" or kv > row["stops paying, weights only"]
