@@ -68,6 +68,7 @@ def _seq(params: SamplingParams):
         prompt_token_ids=[],
         output_token_ids=[],
         grammar=None,
+        held_back_token_ids=(),
     )
 
 
@@ -155,7 +156,7 @@ def test_every_accepted_steering_keeps_sampling_safe(
         unfiltered = filtered_probabilities(steered[0], SamplingParams(temperature=temperature))
         assert probs[unfiltered == unfiltered.max()].sum() > 0
     seq = SimpleNamespace(params=params, generator=torch.Generator().manual_seed(seed), prompt_token_ids=prompt,
-                          output_token_ids=output, grammar=None)  # fmt: skip
+                          output_token_ids=output, grammar=None, held_back_token_ids=())  # fmt: skip
     (result,) = sample_batch(logits[:1], [seq])
     assert isinstance(result, Sample) and 0 <= result.token < VOCAB
     if params.greedy:

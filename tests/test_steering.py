@@ -67,7 +67,7 @@ def test_sampled_tokens_under_speculation_follow_the_steered_distribution():
     logits = torch.randn(len(drafts) + 1, vocab, generator=torch.Generator().manual_seed(1))
     logits[:, 1] += 1.5  # drafts the target likes: the first is kept often enough to test the second token
     seq = SimpleNamespace(params=params, prompt_token_ids=[4], output_token_ids=history, draft_token_ids=drafts,
-                          generator=torch.Generator().manual_seed(2), grammar=None)  # fmt: skip
+                          generator=torch.Generator().manual_seed(2), grammar=None, held_back_token_ids=())  # fmt: skip
     firsts, seconds = collections.Counter(), collections.Counter()
     for _ in range(1500):
         tokens = [sample.token for sample in verify_drafts(logits, seq)]

@@ -24,14 +24,15 @@ from minserve.engine.structured import (
 from minserve.model.loader import resolve_model_path
 from minserve.model.tokenizer import Tokenizer
 
-END = 2  # SmolLM2's <|im_end|>, the chat reply's end
-PADDED_VOCAB = 49160  # a few logits past the tokenizer's 49,152, as a padded embedding has
+END = 0  # the embedded model's end-of-sequence token
+VOCAB = 2048  # the embedded model's tokenizer
+PADDED_VOCAB = VOCAB + 8  # a few logits past the tokenizer's, as a padded embedding has
 
 
 @pytest.fixture(scope="module")
 def compiler() -> GrammarCompiler:
-    tokenizer = Tokenizer(resolve_model_path("smollm2-135m-instruct"))
-    assert tokenizer.end_of_turn_token_id == END
+    tokenizer = Tokenizer(resolve_model_path("minserve-tiny"))
+    assert tokenizer.eos_token_id == END and tokenizer.vocab_size == VOCAB
     return GrammarCompiler(tokenizer, END, PADDED_VOCAB)
 
 
@@ -85,7 +86,7 @@ def test_rows_without_a_format_are_untouched(compiler):
     constrained = constrain_logits(logits, [None, compiler.matcher(StructuredOutputs(choice=("yes", "no"))), None])
     assert torch.equal(constrained[[0, 2]], logits[[0, 2]])
     allowed = torch.isfinite(constrained[1]).nonzero().flatten().tolist()
-    assert allowed and END not in allowed and all(t < 49152 for t in allowed)  # nothing past the tokenizer
+    assert allowed and END not in allowed and all(t < VOCAB for t in allowed)  # nothing past the tokenizer
     assert constrain_logits(logits, [None, None, None]) is logits
 
 
