@@ -41,7 +41,7 @@ test-unit: install
 test: lint test-unit test-site
 
 # --- the chapters and the course site -------------------------------------------------------------------
-.PHONY: test-notebooks site test-site docs-serve browser
+.PHONY: test-notebooks site test-site test-lab docs-serve browser
 # Seconds a notebook cell may run; the outer `timeout`s bound a whole run (notebook execution can hang).
 CELL_TIMEOUT ?= 300
 export NO_MKDOCS_2_WARNING := 1
@@ -56,9 +56,16 @@ test-notebooks: install
 site: install
 	timeout 1200 $(BIN)/python scripts/build_site.py --cell-timeout $(CELL_TIMEOUT)
 
-# The built site, offline, in a real headless chromium; screenshots go to test-artifacts/site/.
+# The built site, offline, in a real headless chromium (every explorer moved); screenshots go to
+# test-artifacts/site/. It also walks one small chapter through JupyterLab (tests/site/test_lab.py).
 test-site: browser site
-	MINSERVE_REQUIRE_SITE=1 timeout 600 $(BIN)/pytest -q tests/site
+	MINSERVE_REQUIRE_SITE=1 timeout 900 $(BIN)/pytest -q tests/site
+
+# Every chapter run through JupyterLab in chromium, as a learner would (all ten: about as long as the site
+# build); screenshots in test-artifacts/lab/. LAB_CHAPTERS=04_kv_cache,08_speculative_decoding picks some.
+LAB_CHAPTERS ?= all
+test-lab: browser install
+	MINSERVE_REQUIRE_SITE=1 MINSERVE_LAB_CHAPTERS=$(LAB_CHAPTERS) timeout 3600 $(BIN)/pytest -q tests/site/test_lab.py
 
 # Debian's chromium, for the browser test (Playwright drives it; never `playwright install`).
 browser:

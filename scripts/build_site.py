@@ -9,12 +9,18 @@ closes them and lets the kernel bind them a moment later, so two kernels startin
 nbval run) could race for a port ("ZMQError: Address already in use"). The repository's conftest.py does
 the same for nbval.
 
-A widget cannot move on a static page (that needs a Python kernel behind it), so each widget is drawn as it
-was left when the chapter ran: its controls, disabled, at their values, and its readout and plots, from the
-widget state the run saved (:func:`static_widget_html`), with a note to run the chapter in JupyterLab.
+A widget needs a Python kernel to answer, and a static page has none. A chapter's explorer (a widget that
+scripts/site_explorers.py recognises) is made live on the page instead: its arithmetic evaluated in the
+browser, or a grid of its answers computed in the chapter's kernel at build time (scripts/site_grid_kernel.py)
+that its controls pick from (docs/javascripts/explorers.js). Any other widget is drawn as it was left when
+the chapter ran, its controls disabled, from the widget state the run saved (:func:`static_widget_html`).
+
+The executed notebook, widget state and grids included, is kept in build/executed/raw/, so the pages can be
+drawn again from it without running the chapters (``--render-only``) while the site's look is worked on.
 
     python scripts/build_site.py                  # execute the chapters and build site/
     python scripts/build_site.py --execute-only   # only execute (what `make docs-serve` needs first)
+    python scripts/build_site.py --render-only    # redraw build/executed/ from build/executed/raw/, then build
 
 MINSERVE_CHAPTERS_DIR=/elsewhere/chapters builds the site from other notebooks (for trying the site out).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import html
+import json
 import os
 import re
 import subprocess
@@ -39,8 +46,13 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from traitlets.config import Config
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however the script is run
+import site_explorers
+
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED_DIR = ROOT / "build" / "executed" / "chapters"  # where docs/hooks/minserve_site.py looks
+RAW_DIR = ROOT / "build" / "executed" / "raw"  # the same, before the widgets are drawn for the page
+GRID_KERNEL = Path(__file__).resolve().parent / "site_grid_kernel.py"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # In a markdown cell: code (fenced or inline) keeps its dollars; $…$ and $$…$$ elsewhere are TeX math.
@@ -66,8 +78,11 @@ def kernel_config() -> Config:
 
 
 def execute_notebook(source: Path, target: Path, cell_timeout_s: int) -> None:
+    """Run ``source`` in a fresh kernel, with the explorers' grid cell last; keep it raw, then draw the page."""
     for attempt in (1, 2):
         nb = nbformat.read(source, as_version=4)
+        grids_path = Path(tempfile.mkstemp(prefix="minserve-grids-", suffix=".json")[1])
+        nb.cells.append(nbformat.v4.new_code_cell(grid_cell_source(grids_path)))
         client = NotebookClient(
             nb,
             timeout=cell_timeout_s,
@@ -83,22 +98,61 @@ def execute_notebook(source: Path, target: Path, cell_timeout_s: int) -> None:
             if attempt == 2:
                 raise
             print(f"  {source.name}: {type(error).__name__}, retrying once", file=sys.stderr)
+        finally:
+            grids = _read_grids(grids_path)
+    nb.cells.pop()  # the grid cell: not the chapter's
+    for grid in grids.values():
+        if "error" in grid:
+            print(f"  {source.name}: the {grid['explorer']} grid failed: {grid['error']}", file=sys.stderr)
+    # The hook renders this copy only while it matches the notebook as committed (same bytes).
+    nb.metadata["minserve"] = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(), "grids": grids}
+    raw = target.parent.parent / RAW_DIR.name / target.name  # build/executed/raw/ beside …/chapters/
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, raw)
+    render_notebook(nb, target)
+
+
+def grid_cell_source(out_path: Path) -> str:
+    """The cell that makes the explorers' grids in the chapter's kernel (scripts/site_grid_kernel.py)."""
+    specs = json.dumps(site_explorers.grid_specs(), ensure_ascii=False)
+    return f"{GRID_KERNEL.read_text(encoding='utf-8')}\nsite_grids({specs}, {str(out_path)!r})\n"
+
+
+def _read_grids(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8") or "{}")
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def render_notebook(nb: nbformat.NotebookNode, target: Path) -> None:
+    """The page's copy of an executed notebook: widgets drawn as HTML, TeX as MathML."""
+    grids = nb.metadata.get("minserve", {}).pop("grids", {})
     # Saved widget state makes nbconvert load the widget manager from a CDN, and the site is offline, so
     # drop it (nbclient's own store_widget_state=False crashes on interact's Output widget)...
     state = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    # ...and draw each widget from it, as it was left, instead of its repr ("VBox(children=(Dropdown…").
+    # ...and draw each widget from it, live or as it was left, instead of its repr ("VBox(children=(Dropdown…").
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             view = output.get("data", {}).get(WIDGET_VIEW)
             if view is not None:
-                output["data"] = {"text/html": static_widget_html(view["model_id"], state) + WIDGET_NOTE}
+                output["data"] = {"text/html": widget_page_html(view["model_id"], state, grids)}
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = tex_to_mathml(cell.source)
-    # The hook renders this copy only while it matches the notebook as committed (same bytes).
-    nb.metadata["minserve"] = {"source_sha256": hashlib.sha256(source.read_bytes()).hexdigest()}
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
+
+
+def widget_page_html(model_id: str, state: dict[str, dict], grids: dict[str, dict]) -> str:
+    """A live explorer where the widget is one and its data is there; else the widget as it was left."""
+    name = site_explorers.match(model_id, state)
+    grid = grids.get(model_id.removeprefix("IPY_MODEL_"))
+    data = name and site_explorers.explorer_data(name, model_id, state, grid)
+    if data is None:
+        return static_widget_html(model_id, state) + WIDGET_NOTE
+    live = {"grid": data} if site_explorers.EXPLORERS[name].mode == "grid" else {"model": True}
+    return site_explorers.wrap(name, _widget(model_id, state, **live), data)
 
 
 # --- widgets, drawn as the run left them ----------------------------------------------------------------------
@@ -115,45 +169,59 @@ def static_widget_html(model_id: str, state: dict[str, dict]) -> str:
     return f'<div class="minserve-widget">{body}</div>' if body else ""
 
 
-def _widget(model_id: str, state: dict[str, dict]) -> str:
-    model = state.get(model_id.removeprefix("IPY_MODEL_"))
-    if model is None:
+def _widget(model_id: str, state: dict[str, dict], grid: dict | None = None, model: bool = False) -> str:
+    """The widget as HTML. Live (a ``grid`` to pick from, or a ``model`` in the page), its controls are
+    enabled and carry ``data-control`` (their description) for docs/javascripts/explorers.js."""
+    entry = state.get(model_id.removeprefix("IPY_MODEL_"))
+    if entry is None:
         return ""
-    name, fields = model.get("model_name", ""), model.get("state", {})
+    name, fields = entry.get("model_name", ""), entry.get("state", {})
     if name in _BOXES:
-        children = "".join(_widget(child, state) for child in fields.get("children", []))
+        children = "".join(_widget(child, state, grid, model) for child in fields.get("children", []))
         return f'<div style="display:flex;flex-direction:{_BOXES[name]};gap:6px;margin:4px 0">{children}</div>'
     if name in ("HTMLModel", "HTMLMathModel"):  # a readout: the callback's HTML at the controls' values
         return f'<div class="minserve-widget-readout">{fields.get("value", "")}</div>'
     if name == "OutputModel":
         outputs = "".join(_output_html(output) for output in fields.get("outputs", []))
         return f'<div class="minserve-widget-readout">{outputs}</div>'
-    return _control_html(name, fields)
+    description = str(fields.get("description") or "")
+    if grid is not None and description in grid["controls"]:
+        values = grid["values"][grid["controls"].index(description)]
+        return _control_html(name, fields, live=description, grid_values=values)
+    return _control_html(name, fields, live=description if model else None)
 
 
-def _control_html(name: str, fields: dict) -> str:
-    """A control as a disabled input showing its value, with its description as the label."""
+def _control_html(name: str, fields: dict, live: str | None = None, grid_values: list | None = None) -> str:
+    """A control showing its value, with its description as the label: disabled, or (``live``) enabled and
+    named by ``data-control``. A grid slider moves in the grid's steps, between its first and last value."""
     description = html.escape(str(fields.get("description") or ""))
     label, value = _LABEL.format(description), fields.get("value", "")
+    state = f'data-control="{html.escape(live)}"' if live else "disabled"
     if name == "LabelModel":
         return f"<div>{html.escape(str(value))}</div>"
     if "_options_labels" in fields:  # Dropdown, Select, ToggleButtons, RadioButtons
         options = "".join(
-            f"<option{' selected' if i == fields.get('index') else ''}>{html.escape(str(o))}</option>"
+            f'<option value="{i}"{" selected" if i == fields.get("index") else ""}>{html.escape(str(o))}</option>'
             for i, o in enumerate(fields["_options_labels"])
         )
-        return f"<label>{label}<select disabled>{options}</select></label>"
+        return f"<label>{label}<select {state}>{options}</select></label>"
     if name == "CheckboxModel":
-        return f'<label><input type="checkbox" disabled{" checked" if value else ""}> {description}</label>'
+        return f'<label><input type="checkbox" {state}{" checked" if value else ""}> {description}</label>'
     if name.endswith("SliderModel") and not isinstance(value, list):
-        bounds = " ".join(f'{k}="{fields[k]}"' for k in ("min", "max", "step") if k in fields)
-        return f'<label>{label}<input type="range" disabled {bounds} value="{value}"> {value}</label>'
-    if name == "TextareaModel":
-        return f"<label>{label}<textarea disabled>{html.escape(str(value))}</textarea></label>"
+        bounds = {k: fields[k] for k in ("min", "max", "step") if k in fields}
+        if grid_values:
+            step = grid_values[1] - grid_values[0] if len(grid_values) > 1 else bounds.get("step", 1)
+            bounds = {"min": grid_values[0], "max": grid_values[-1], "step": step}
+        attrs = " ".join(f'{k}="{v}"' for k, v in bounds.items())
+        return f'<label>{label}<input type="range" {state} {attrs} value="{value}"> <output>{value}</output></label>'
+    if name == "TextareaModel":  # free text needs the kernel: disabled even in a live explorer
+        hint = html.escape(f"{fields.get('placeholder') or ''} (in JupyterLab)".strip())
+        return f'<label>{label}<textarea disabled placeholder="{hint}">{html.escape(str(value))}</textarea></label>'
+
     if name == "ButtonModel":
         return f"<button disabled>{description}</button>"
-    if "value" in fields:  # IntText, FloatText, Text, range sliders, …
-        return f'<label>{label}<input disabled value="{html.escape(str(value))}"></label>'
+    if "value" in fields:  # IntText, FloatText, Text, range sliders (a grid holds these where they were left)
+        return f'<label>{label}<input {state} value="{html.escape(str(value))}"></label>'
     return ""
 
 
@@ -194,9 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell-timeout", type=int, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--execute-only", action="store_true", help="execute the chapters, skip mkdocs")
+    parser.add_argument("--render-only", action="store_true", help="redraw the pages from build/executed/raw/")
     args = parser.parse_args(argv)
     chapters_dir = Path(os.environ.get("MINSERVE_CHAPTERS_DIR", ROOT / "chapters"))
-    execute_chapters(chapters_dir, args.cell_timeout)
+    if args.render_only:
+        for raw in sorted(RAW_DIR.glob("*.ipynb")):
+            render_notebook(nbformat.read(raw, as_version=4), EXECUTED_DIR / raw.name)
+    else:
+        execute_chapters(chapters_dir, args.cell_timeout)
     if args.execute_only:
         return 0
     return subprocess.call([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=ROOT)

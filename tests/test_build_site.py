@@ -4,6 +4,7 @@ nbval's) kernels start without racing for ports."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -89,8 +90,8 @@ WIDGET_STATE = {
 def test_a_widget_is_drawn_from_its_saved_state() -> None:
     html = build_site.static_widget_html("box", WIDGET_STATE)
     assert html.startswith('<div class="minserve-widget">')
-    assert "<select disabled><option>fcfs</option><option selected>spf &lt;aged&gt;</option></select>" in html
-    assert 'type="range" disabled min="0.5" max="8.0" step="0.5" value="2.5"> 2.5' in html
+    assert '<select disabled><option value="0">fcfs</option><option value="1" selected>spf &lt;aged&gt;<' in html
+    assert 'type="range" disabled min="0.5" max="8.0" step="0.5" value="2.5"> <output>2.5</output>' in html
     assert '<input type="checkbox" disabled checked> chunked prefill' in html
     assert '<div class="minserve-widget-readout"><p>goodput <b>1.9</b> req/s</p></div>' in html  # its HTML
     assert '<div class="plotly-graph-div"></div>' in html and "<pre>5 &lt; 6</pre>" in html  # an Output's outputs
@@ -115,5 +116,36 @@ def test_an_executed_chapter_shows_its_widget_not_its_repr(tmp_path: Path) -> No
     (output,) = executed.cells[0].outputs
     assert set(output["data"]) == {"text/html"}
     html = output["data"]["text/html"]
-    assert 'class="minserve-widget"' in html and 'value="3"> 3' in html and "<p>three seats</p>" in html
+    assert 'class="minserve-widget"' in html and 'value="3"> <output>3</output>' in html
+    assert "<p>three seats</p>" in html
     assert build_site.WIDGET_NOTE in html and "VBox(children" not in html
+
+
+@pytest.mark.slow
+def test_an_explorer_is_live_on_the_page_from_its_built_grid(tmp_path: Path) -> None:
+    """A widget whose controls match an explorer (scripts/site_explorers.py) gets its readouts computed at
+    every point of a grid in the chapter's kernel; the page's controls are enabled and carry the grid."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(
+        nbformat.v4.new_code_cell(
+            "import ipywidgets as w\n"
+            "a = w.Dropdown(options=['int8', 'int4'], description='weights')\n"
+            "b = w.Dropdown(options=['bf16', 'fp8'], description='KV cache')\n"
+            "out = w.HTML()\n"
+            "def show(_=None): out.value = f'<p>{a.value} + {b.value}</p>'\n"
+            "a.observe(show, 'value'); b.observe(show, 'value'); show()\n"
+            "w.VBox([w.HBox([a, b]), out])"
+        )
+    )
+    source, target = tmp_path / "chapter.ipynb", tmp_path / "executed" / "chapter.ipynb"
+    nbformat.write(nb, source)
+    build_site.execute_notebook(source, target, cell_timeout_s=120)
+    executed = nbformat.read(target, as_version=4)
+    assert len(executed.cells) == 1  # the grid cell is gone
+    html = executed.cells[0].outputs[0]["data"]["text/html"]
+    assert 'data-explorer="format-explorer" data-mode="grid"' in html and 'data-control="weights"' in html
+    grid = json.loads(html.split('class="minserve-explorer-data">')[1].split("</script>")[0].replace("<\\/", "</"))
+    shown = {key: grid["readouts"][row][0] for key, row in grid["index"].items()}
+    assert shown["1,1"] == "<p>int4 + fp8</p>" and shown["0,1"] == "<p>int8 + fp8</p>" and len(shown) == 4
+    assert "<p>int8 + bf16</p>" in html  # the page starts where the chapter left it
+    assert (tmp_path / "raw" / "chapter.ipynb").is_file()  # kept raw, for --render-only

@@ -1,6 +1,7 @@
-"""Fixtures for the checks of the built course site (site/, made by `make site`).
+"""Fixtures for the checks of the built course site (site/, made by `make site`) and of JupyterLab in a browser.
 
-These tests need the built site, and the browser test needs Debian's chromium and Python Playwright.
+These tests need the built site (test_lab.py needs JupyterLab instead), and the browser tests need Debian's
+chromium and Python Playwright.
 `make test-site` builds the site first and sets MINSERVE_REQUIRE_SITE=1, which turns a missing
 prerequisite into a failure; anywhere else (a plain `pytest`) a missing one skips, with the reason.
 """
@@ -14,12 +15,14 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE_DIR = ROOT / "site"
 ARTIFACTS_DIR = ROOT / "test-artifacts" / "site"
+CHAPTERS = sorted(path.stem for path in (ROOT / "chapters").glob("*.ipynb"))
 # Flags that let Debian's chromium run headless as root in a container, and keep it from calling home.
 CHROMIUM_ARGS = [
     "--headless",
@@ -94,3 +97,22 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory):
 def artifacts_dir() -> Path:
     ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS_DIR
+
+
+@pytest.fixture
+def page(browser_context, site_url: str):
+    """A fresh tab that records every request leaving 127.0.0.1 (and refuses it) and every JS error."""
+    tab = browser_context.new_page()
+    tab.remote_requests, tab.js_errors = [], []
+
+    def route(route):
+        if urlparse(route.request.url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            tab.remote_requests.append(route.request.url)
+            route.abort()
+
+    tab.route("**/*", route)
+    tab.on("pageerror", lambda error: tab.js_errors.append(str(error)))
+    yield tab
+    tab.close()

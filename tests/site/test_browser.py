@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
+
+from .conftest import CHAPTERS
 
 CHART_DIV = ".plotly-graph-div"  # what plotly's to_html writes, drawn or not
 CHART_SVG = ".js-plotly-plot svg.main-svg"  # what plotly.js adds once it has drawn the chart
@@ -14,26 +15,6 @@ _DRAWN = "d => d.querySelector('svg.main-svg') !== null && (d._fullData || []).l
 CHART_TIMEOUT_MS = 60_000  # plotly.js is 4.8 MB to parse on a busy 2-core machine
 WIDGET = ".minserve-widget"  # a widget as scripts/build_site.py draws it from the saved widget state
 CONTROLS = "select, input, textarea, button"
-CHAPTERS = sorted(path.stem for path in (Path(__file__).resolve().parents[2] / "chapters").glob("*.ipynb"))
-
-
-@pytest.fixture
-def page(browser_context, site_url: str):
-    """A fresh tab that records every request leaving 127.0.0.1 (and refuses it) and every JS error."""
-    tab = browser_context.new_page()
-    tab.remote_requests, tab.js_errors = [], []
-
-    def route(route):
-        if urlparse(route.request.url).hostname == "127.0.0.1":
-            route.continue_()
-        else:
-            tab.remote_requests.append(route.request.url)
-            route.abort()
-
-    tab.route("**/*", route)
-    tab.on("pageerror", lambda error: tab.js_errors.append(str(error)))
-    yield tab
-    tab.close()
 
 
 def test_home_page_lists_chapter_01(page, site_url: str) -> None:
@@ -48,8 +29,9 @@ def test_home_page_lists_chapter_01(page, site_url: str) -> None:
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_chapter_shows_its_charts_and_its_widget(page, site_url: str, chapter: str, artifacts_dir: Path) -> None:
-    """Every chart div is drawn by plotly.js (an SVG with its traces), and the widget is on screen as the
-    chapter left it: its controls (disabled) and a readout that says something, a chart or text."""
+    """Every chart div is drawn by plotly.js (an SVG with its traces), and the widget is on screen: a live
+    explorer (tests/site/test_explorers.py moves it) with its controls enabled, or a widget drawn as the
+    chapter left it, its controls disabled; either way with a readout that says something, a chart or text."""
     page.goto(f"{site_url}chapters/{chapter}/")
     charts = page.locator(CHART_DIV).count()
     assert charts >= 1, f"{chapter} shows no chart"
@@ -64,7 +46,9 @@ def test_chapter_shows_its_charts_and_its_widget(page, site_url: str, chapter: s
     # Each control's `disabled`, leaving out what plotly.js draws inside a chart of the widget's.
     disabled = widget.evaluate(f"w => [...w.querySelectorAll('{CONTROLS}')].filter(e => !e.closest('.js-plotly-plot'))"
                                ".map(e => e.disabled)")  # fmt: skip
-    assert disabled and all(disabled), f"{chapter}: the widget's controls {disabled} (want: shown, and disabled)"
+    live = "minserve-explorer" in (widget.get_attribute("class") or "")
+    want = not all(disabled) if live else all(disabled)
+    assert disabled and want, f"{chapter}: the widget's controls {disabled} (live: {live})"
     readout = widget.locator(".minserve-widget-readout")
     shown = [
         readout.nth(i).inner_text().strip() or readout.nth(i).locator(CHART_DIV).count() for i in range(readout.count())

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = sorted(path.stem for path in (ROOT / "chapters").glob("*.ipynb"))
-_CONTROL = re.compile(r"<(?:select|input|textarea|button)\b[^>]*\bdisabled\b")
+_CONTROL = re.compile(r"<(?:select|input|textarea|button)\b[^>]*\b(?:disabled|data-control=)")
 
 
 def chapter_html(site_dir: Path, chapter: str) -> str:
@@ -25,7 +25,7 @@ def chapter_html(site_dir: Path, chapter: str) -> str:
 
 def widget_blocks(html: str) -> list[str]:
     """Each static widget's HTML, from its opening div to the note after it."""
-    return re.findall(r'<div class="minserve-widget">(.*?)<p class="minserve-widget-note">', html, re.S)
+    return re.findall(r'<div class="minserve-widget[" ].*?<p class="minserve-widget-note">', html, re.S)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -48,3 +48,21 @@ def test_every_chapter_page_shows_its_widget_as_it_was_left(site_dir: Path, chap
         shown = [r for r in readouts if re.sub(r"<[^>]+>", "", _CONTROL.sub("", r)).strip() or "plotly-graph-div" in r]
         assert shown, f"{chapter}: a widget whose readout is empty"
     assert "children=(" not in html, f"{chapter} shows a widget's repr"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_chapter_page_says_where_it_sits_and_how_to_run_it(site_dir: Path, chapter: str) -> None:
+    """docs/hooks/chapter_frame.py: chapter n of N with previous and next, the outline, the references, and
+    `make lab`, the exercise and its `minserve grade` line."""
+    html = chapter_html(site_dir, chapter)
+    number, total = CHAPTERS.index(chapter) + 1, len(CHAPTERS)
+    assert f"Chapter {number} of {total}" in html
+    if number > 1:
+        assert f'previous: <a href="../{CHAPTERS[number - 2]}/">' in html
+    if number < total:
+        assert f'next: <a href="../{CHAPTERS[number]}/">' in html
+    assert html.count("(you are here)") == 1
+    assert 'href="#references"' in html if 'id="references"' in html else True
+    assert "<code>make lab</code>" in html
+    exercise = next((ROOT / "exercises").glob(f"ch{chapter[:2]}_*.py"))
+    assert f"exercises/{exercise.name}" in html and f"minserve grade ch{chapter[:2]}" in html
