@@ -107,7 +107,7 @@ def _grid(box, max_points, deadline):
         if time.monotonic() > deadline:
             break
         shown = _visit(dict(zip(axes, point)), axes, readouts)
-        key = ",".join(str(values.index(v)) for (_, values), v in zip(axes.values(), point))  # positions
+        key = ",".join(str(_position(values, v)) for (_, values), v in zip(axes.values(), point))
         index[key] = table.setdefault(json.dumps(shown), len(table))
     for control, value in start.items():  # back where the chapter left it, drawn for the saved state
         setattr(control, axes[control][0], value)
@@ -118,6 +118,12 @@ def _grid(box, max_points, deadline):
         "readouts": [json.loads(shown) for shown in table],
         "index": index,
     }
+
+
+def _position(values, value):
+    """Where ``value`` sits among an axis' values: the nearest one, since a slider left at 36.300000000000004
+    by the chapter is the grid's 36.3 (the grid's values are rounded to 10 places)."""
+    return min(range(len(values)), key=lambda i: abs(values[i] - value))
 
 
 def _visit(settings, axes, readouts):
