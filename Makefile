@@ -33,8 +33,9 @@ lint: install
 	$(BIN)/lint-imports
 
 # tests/site checks the built site; test-site runs it after building the site, so test-unit leaves it out.
+# The 25 slowest tests are listed at the end: the suite has a time budget, and this is where it goes.
 test-unit: install
-	$(BIN)/pytest -q --ignore=tests/site
+	$(BIN)/pytest -q --ignore=tests/site --durations=25
 
 # The chapters run once: `make site` executes every one and fails on a cell that raises, so their check cells
 # are tested there (running them under nbval as well doubled ~8 minutes of the suite for nothing).
