@@ -233,6 +233,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         own_timeout_s = _own_timeout_s(body.timeout, request.headers.get(TIMEOUT_HEADER), config.request_timeout_s)
         timeout_s = own_timeout_s or config.request_timeout_s
         prompt, ids = await _off_the_loop(render)
+        if params.structured_outputs is not None:  # the first one builds the tokenizer's index (~1 s): not here
+            await _off_the_loop(lambda: _refuse_invalid(lambda: engine.inputs.grammar(params)))
         if fills_context:
             params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
         reply.request_id = f"cmpl-{uuid.uuid4().hex}"
