@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
     from minserve.engine.policies import Policy
     from minserve.engine.preemption import Preemption
     from minserve.engine.speculative.config import SpeculativeConfig
@@ -60,9 +64,13 @@ class EngineConfig:
     search on a calibration text, AWQ-style) or ``"fp8"`` (e4m3), and the head in int8; quantized as the
     model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
     groups of 32 already: under ``"int4"`` they are kept as stored, unless another group size is asked for.
-    ``"none"`` keeps ``dtype`` throughout. ``kv_cache_dtype`` ``"int8"`` or ``"fp8"`` stores keys and values
-    in one byte, with per-head scales measured at start (:mod:`minserve.model.kv_quant`): the same KV memory
-    holds twice the tokens of a 16-bit cache, four times a 32-bit one.
+    ``"none"`` keeps ``dtype`` throughout. ``"auto"`` (the default) is int4 on a CPU serving a GGUF file
+    stored in 4-bit blocks, with each layer's dense float copy kept for steps of many rows, and ``"none"``
+    elsewhere or when ``dtype`` is named (:mod:`minserve.quant.auto`).
+
+    ``kv_cache_dtype`` ``"int8"`` or ``"fp8"`` stores keys and values in one byte, with per-head scales
+    measured at start (:mod:`minserve.model.kv_quant`): the same KV memory holds twice the tokens of a
+    16-bit cache, four times a 32-bit one.
 
     ``backend`` computes norms, rotary, activations and attention with ``"torch"`` or minserve's
     ``"triton"`` kernels; ``"auto"`` is Triton on a CUDA GPU, torch elsewhere.
@@ -97,8 +105,9 @@ class EngineConfig:
 
     model: str = option("minserve-tiny", "a name (see `minserve models`), checkpoint dir, .gguf file or hub id")
     dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
-    quantization: str = option("none", "weight format of the decoder layers and head",
-                               choices=("none", "int8", "int4", "int4-awq", "fp8"))  # fmt: skip
+    quantization: str = option("auto", "weight format of the decoder layers and head; auto keeps a GGUF file's "
+                               "4-bit blocks on a CPU (with float copies for large steps)",
+                               choices=("auto", "none", "int8", "int4", "int4-awq", "fp8"))  # fmt: skip
     quant_group_size: int | None = option(
         None, "int4: inputs sharing a scale and zero point (32, 64, 128, 256; default 32 on GGUF Q4 blocks, else 64)"
     )
@@ -154,7 +163,10 @@ class EngineConfig:
                 "tensor_parallel_size > 1 (one process holds every expert anyway)"
             )
         _ = self.speculative  # a mistaken speculative_config fails here, saying what to change
-        _ = self.quant_scheme  # likewise an impossible quantization
+        if self.quantization not in ("auto", "none"):  # likewise an impossible quantization
+            from minserve.quant.swap import QuantScheme
+
+            QuantScheme.named(self.quantization, self.quant_group_size)
         from minserve.model.kv_quant import check_kv_cache_dtype
 
         check_kv_cache_dtype(self.kv_cache_dtype)
@@ -183,12 +195,13 @@ class EngineConfig:
         """The processes the engine runs in: one, or one per tensor-parallel rank or pipeline stage."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
-    @property
-    def quant_scheme(self) -> QuantScheme | None:
-        """``quantization`` as a checked :class:`~minserve.quant.QuantScheme` (``None``: full precision)."""
-        from minserve.quant.swap import QuantScheme
+    def quant_scheme(self, checkpoint: Path, device: torch.device) -> QuantScheme | None:
+        """``quantization`` as a checked :class:`~minserve.quant.QuantScheme` for this checkpoint on this
+        device (``None``: the checkpoint's own precision); ``"auto"`` decides by both
+        (:mod:`minserve.quant.auto`)."""
+        from minserve.quant.auto import choose_scheme
 
-        return None if self.quantization == "none" else QuantScheme.named(self.quantization, self.quant_group_size)
+        return choose_scheme(self.quantization, self.quant_group_size, checkpoint, device, self.dtype)
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -1,6 +1,8 @@
 """Activation-aware int4 (minserve.quant.awq): folding the scales changes no output, the search finds the
 columns that meet large inputs, and the engine serves an ``int4-awq`` model."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -73,7 +75,7 @@ def test_int4_awq_names_round_trip_and_needs_calibration_tokens():
     assert format_options("int4-awq+kv-int8") == {
         "quantization": "int4-awq", "quant_group_size": None, "kv_cache_dtype": "int8"
     }  # fmt: skip
-    assert EngineConfig(quantization="int4-awq").quant_scheme.activation_aware
+    assert EngineConfig(quantization="int4-awq").quant_scheme(Path("any"), torch.device("cpu")).activation_aware
     with pytest.raises(QuantizationError, match="calibration"):
         quantize_model(_tiny_model(), scheme)
 

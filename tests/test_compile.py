@@ -74,6 +74,35 @@ def test_compile_is_off_by_default_and_a_serve_flag():
 
 
 @pytest.mark.slow
+def test_row_switched_layers_compile_the_small_steps_and_run_the_large_ones_eagerly(monkeypatch):
+    """The tiny model held as int4 codes with dense copies (as if it came from a 4-bit file), switching
+    above two rows: decode steps of one and two sequences run compiled on the codes, three run eagerly on
+    the dense copies, and the tokens are the eager engine's."""
+    monkeypatch.setattr("minserve.quant.auto.stores_int4_layers", lambda path: True)
+    monkeypatch.setattr("minserve.quant.swap.tune_row_switches", _switch_above_two_rows)
+    eager = LLM(device="cpu", enable_tracing=False)
+    compiled = LLM(device="cpu", enable_tracing=False, compile_model=True)
+    decode = compiled.engine.runner.compiled
+    assert decode.max_seqs == 2
+    compiled_steps = []
+    forward = decode.forward
+    decode.forward = lambda ids, positions, meta: compiled_steps.append(len(ids)) or forward(ids, positions, meta)
+
+    expected = [out.token_ids for out in eager.generate(PROMPTS, PARAMS)]
+    assert [out.token_ids for out in compiled.generate(PROMPTS, PARAMS)] == expected
+    assert sorted(set(compiled_steps)) == [1, 2]  # three sequences: eager, on the dense copies
+
+
+def _switch_above_two_rows(model: torch.nn.Module, activation_dtype: torch.dtype) -> dict[str, int]:
+    from minserve.quant.row_switch import RowSwitchedLinear
+
+    for module in model.modules():
+        if isinstance(module, RowSwitchedLinear):
+            module.max_narrow_rows = 2
+    return {"int4": 2}
+
+
+@pytest.mark.slow
 def test_a_change_to_the_model_after_start_up_is_an_error_not_a_recompile(caplog):
     llm = LLM(dtype="float32", device="cpu", enable_tracing=False, compile_model=True)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -305,7 +305,8 @@ def reference(smollm_path):
 
 @pytest.fixture(scope="module")
 def smollm():
-    return LLM(SMOLLM)
+    """The file's weights dequantized to float32, as transformers reads them (a named dtype: no int4 codes)."""
+    return LLM(SMOLLM, dtype="float32")
 
 
 @pytest.mark.slow

@@ -166,7 +166,8 @@ def test_info_and_models_tell_what_is_serving(server):
     headers = {"Authorization": "Bearer key"}
     info = httpx.get(server.url + "/info", headers=headers).json()
     assert info["model"] == MODEL and info["kv_cache_tokens"] == 64 * info["kv_block_size_tokens"]
-    assert info["dtype"] and info["weights"] == "safetensors" and info["admission"] == "queue-length"
+    assert info["dtype"] == "float32" and info["checkpoint"] == "safetensors" and info["admission"] == "queue-length"
+    assert info["weights"] == "float32 ×16, float32 (lm_head)" and info["compiled_decode"] is False
     model = httpx.get(server.url + "/v1/models", headers=headers).json()["data"][0]
     assert model["max_model_len"] == info["max_model_len"] and model["minserve"] == info
     line = startup_line(info, "http://127.0.0.1:8000")

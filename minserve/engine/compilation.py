@@ -43,6 +43,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 from minserve.model.attention import AttentionMetadata, StepTensors
 from minserve.model.llama import LlamaForCausalLM
+from minserve.quant.row_switch import RowSwitchedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ logger = logging.getLogger(__name__)
 def expected_compile_s(num_layers: int) -> float:
     """Seconds one compile is expected to take, to tell a user before it starts (not a limit): a line
     through two cold compiles on a 2-core CPU, 18 s for minserve-tiny's 4 layers and 51 s for SmolLM2's 30
-    (dynamo traces every layer, and inductor generates code for each)."""
+    (dynamo traces every layer, and inductor generates code for each). On a CPU the C++ wrapper's own
+    compile comes on top, one compiler process for the whole step: 31 s for SmolLM2 with inductor's cache
+    warm, about three minutes cold on one thread (2026-12-07, 2-core Xeon VM)."""
     return 13 + 1.27 * num_layers
 
 
@@ -69,14 +72,23 @@ class CompiledDecode:
                 "pass backend='torch', or leave compile_model off"
             )
         self.device = next(model.parameters()).device
+        # Layers held in two formats switch by the step's rows (:mod:`minserve.quant.row_switch`); the graph
+        # is traced for steps small enough for the narrow one, and larger steps run eagerly.
+        switches = [m.max_narrow_rows for m in model.modules() if isinstance(m, RowSwitchedLinear)]
+        self.max_seqs: int | None = min(switches, default=None)
         # Only the two sizes marked in `run` are dynamic; every other (hidden size, heads, the cache's
-        # shape) stays a constant, for which inductor generates tighter loops.
-        self.forward = torch.compile(functools.partial(_decode_forward, model), fullgraph=True)
+        # shape) stays a constant, for which inductor generates tighter loops. On a CPU the generated code
+        # is driven from C++ rather than Python (inductor's cpp_wrapper): a decode step launches hundreds of
+        # small kernels, and a Python line per launch cost more than the kernels (SmolLM2 int4, one stream:
+        # 52.6 tok/s with the Python wrapper, 78.5 with the C++ one).
+        options = {"cpp_wrapper": True} if self.device.type == "cpu" else None
+        forward = functools.partial(_decode_forward, model, self.max_seqs)
+        self.forward = torch.compile(forward, fullgraph=True, options=options)
         # A warning, not an info line: an unconfigured logger shows only warnings, and a start-up that goes
         # quiet this long without a word is what the line is for.
         logger.warning(
             "compiling the model's forward with torch.compile (decode steps; prefill stays eager): "
-            "~%.0f s on a small CPU, once, before the first request",
+            "~%.0f s on a small CPU, more the first time (a C++ compile), once, before the first request",
             expected_compile_s(model.config.num_layers),
         )
         self.started = False  # True once the start-up step has compiled the graph
@@ -92,13 +104,14 @@ class CompiledDecode:
         logger.info("compiled the decode forward in %.1f s", self.compile_s)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A pure decode step: one new token for every sequence."""
-        return all(n == 1 for n in meta.query_lens)
+        """A pure decode step (one new token for every sequence), of at most :attr:`max_seqs` sequences."""
+        small = self.max_seqs is None or len(meta.query_lens) <= self.max_seqs
+        return small and all(n == 1 for n in meta.query_lens)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The step's final hidden states ``[num_seqs, hidden]``, from the compiled graph."""
         meta.step_tensors = StepTensors.build(meta.query_lens, meta.context_lens, self.device)
-        _mark_sizes_unbacked(input_ids, positions, meta)
+        _mark_sizes_unbacked(input_ids, positions, meta, any_batch=self.max_seqs != 1)
         if not self.started:  # the start-up step: the one compile
             return self.forward(input_ids, positions, meta)
         try:
@@ -112,35 +125,49 @@ class CompiledDecode:
     @torch.inference_mode()
     def _dummy_step(self, block_size: int) -> None:
         """Two sequences of one and two tokens, both in block 0, through the compiled forward. Any sizes
-        would do (they are unbacked); two of each keeps the dummy step from looking like a special case."""
+        would do (they are unbacked); two of each keeps the dummy step from looking like a special case
+        (one sequence where the graph takes no more)."""
         assert block_size >= 2, "the dummy step's two tokens must fit in block 0"
-        ids, positions, slots = (torch.tensor(values, device=self.device) for values in ([0, 0], [0, 1], [0, 1]))
-        tables = torch.zeros(2, 2, dtype=torch.int64, device=self.device)
-        self.run(ids, positions, AttentionMetadata([1, 1], [1, 2], slots, tables))
+        seqs = 1 if self.max_seqs == 1 else 2
+        ids, positions, slots = (torch.tensor(values[:seqs], device=self.device) for values in ([0, 0], [0, 1], [0, 1]))
+        tables = torch.zeros(seqs, 2, dtype=torch.int64, device=self.device)
+        self.run(ids, positions, AttentionMetadata([1] * seqs, [1, 2][:seqs], slots, tables))
 
 
 def _decode_forward(
-    model: LlamaForCausalLM, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    model: LlamaForCausalLM,
+    max_seqs: int | None,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttentionMetadata,
 ) -> torch.Tensor:
     """The model's forward, after telling the compiler which unbacked sizes are the same size: it knows
     nothing of them, not even that the batch's ids, positions, slots and context lengths are one per
-    sequence (these checks are what it assumes, and what the compiled code asserts)."""
+    sequence (these checks are what it assumes, and what the compiled code asserts). With ``max_seqs``,
+    the batch is at most that: a row-switched layer's test then has one answer, and one branch is traced."""
     num_seqs = input_ids.shape[0]
     for tensor in (positions, meta.slot_mapping, meta.block_tables, meta.step_tensors.context_lens):
         torch._check(tensor.shape[0] == num_seqs)
     torch._check(num_seqs >= 1)
+    if max_seqs is not None and max_seqs > 1:  # one sequence: a constant (see _mark_sizes_unbacked)
+        torch._check(num_seqs <= max_seqs)
     torch._check(meta.block_tables.shape[1] >= 1)
     return model(input_ids, positions, meta)
 
 
-def _mark_sizes_unbacked(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> None:
-    """Tell the compiler that the batch size and the blocks per sequence are any size, 1 included.
+def _mark_sizes_unbacked(
+    input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, any_batch: bool = True
+) -> None:
+    """Tell the compiler that the batch size and the blocks per sequence are any size, 1 included. A graph
+    for one sequence only (``any_batch=False``: row-switched layers whose codes serve one row) keeps the
+    batch size a constant 1 instead: the compiler cannot prove an unbacked size between 1 and 1 equal to 1.
 
     The marks are read only when a graph is traced. Marking every step (microseconds) keeps a later
     recompile, if anything ever forced one, from specializing on the step it happened to see."""
-    for tensor in (input_ids, positions, meta.slot_mapping, meta.step_tensors.context_lens):
-        mark_unbacked(tensor, 0)
-    mark_unbacked(meta.block_tables, 0)
+    if any_batch:
+        for tensor in (input_ids, positions, meta.slot_mapping, meta.step_tensors.context_lens):
+            mark_unbacked(tensor, 0)
+        mark_unbacked(meta.block_tables, 0)
     mark_unbacked(meta.block_tables, 1)
 
 

@@ -50,6 +50,7 @@ from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.service_rates import ServiceRateMeter
 from minserve.engine.workers import ignore_stop_signals
+from minserve.quant.swap import describe_weights
 
 
 @dataclass(frozen=True)
@@ -128,12 +129,13 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
 def engine_facts(engine: LLMEngine) -> dict:
     """What a user wants to read once the server is up: the model's numbers, its cache, its batch."""
     config, blocks = engine.config, engine.block_manager
-    weights = config.quant_scheme or ("gguf" if str(engine.model_dir).endswith(".gguf") else "safetensors")
     return {
         "model_dir": str(engine.model_dir),
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
-        "weights": weights,
+        "checkpoint": "gguf" if str(engine.model_dir).endswith(".gguf") else "safetensors",
+        "weights": describe_weights(engine.model),
+        "compiled_decode": getattr(engine.runner, "compiled", None) is not None,
         "max_model_len": engine.max_model_len,
         "kv_cache_blocks": blocks.num_blocks,
         "kv_block_size_tokens": blocks.block_size,

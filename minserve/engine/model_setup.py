@@ -36,8 +36,9 @@ def build_model(
     model = load_model(model_dir, dtype, device)
     if comm is not None:
         shard_model(model, comm, expert_parallel=config.enable_expert_parallel)
-    if config.quant_scheme is not None:
-        quantize_model(model, config.quant_scheme, model_dir, calibration_ids(tokenizer, device))
+    scheme = config.quant_scheme(model_dir, device)
+    if scheme is not None:
+        quantize_model(model, scheme, model_dir, calibration_ids(tokenizer, device))
     model.set_backend(resolve_backend(config.backend, device))
     return model
 

@@ -90,7 +90,8 @@ def kv_capacity_table(
     bytes per cached token the engine really allocated (codes and scales over the tokens they hold)."""
     rows = []
     for kv_dtype in kv_dtypes:
-        llm = LLM(model, kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=budget_bytes, enable_tracing=False)
+        llm = LLM(model, kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=budget_bytes, enable_tracing=False,
+                  quantization="none")  # fmt: skip
         stats, block = llm.stats(), llm.engine.config.block_size
         tokens = stats["kv_blocks_total"] * block
         rows.append({

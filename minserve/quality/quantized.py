@@ -79,7 +79,8 @@ def compare_formats(
 
     ``edits`` adds formats the engine cannot load by name: each label's callable changes a freshly loaded
     float32 engine in place (W8A8, simulated: :func:`minserve.quant.activations.quantize_w8a8`)."""
-    reference = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
+    reference = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES, quantization="none")  # the file's float values
+    reference_logits = _once_per_window(reference.model.logits_without_cache)
     stream = torch.tensor(reference.tokenizer.encode(text or held_out_text())[:max_tokens])
     greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     reference_tokens = [o.token_ids for o in reference.generate(list(prompts), greedy)]
@@ -92,9 +93,7 @@ def compare_formats(
             logits_of = functools.partial(
                 logits_through_cache, engine.model, cache_dtype=engine.kv_cache_dtype, kv_scales=engine.kv_scales
             )
-        agreement = next_token_agreement(
-            reference.model.logits_without_cache, logits_of, stream, window_tokens, progress
-        )
+        agreement = next_token_agreement(reference_logits, logits_of, stream, window_tokens, progress)
         same = greedy_divergence(reference_tokens, [o.token_ids for o in llm.generate(list(prompts), greedy)])
         step_bytes, weights = linear_weight_bytes(engine.model)
         kv_per_token = engine.kv_bytes_per_token()
@@ -109,11 +108,26 @@ def compare_formats(
         reports.append(report(label, llm))
         del llm  # one changed model at a time beside the reference
     for label, edit in (edits or {}).items():
-        llm = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES)
+        llm = LLM(model, kv_cache_memory_bytes=EVAL_KV_BYTES, quantization="none")
         edit(llm)
         reports.append(report(label, llm))
         del llm
     return reports
+
+
+def _once_per_window(logits_of: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``logits_of``, remembering its logits per window of tokens. Every format is scored against the reference
+    on the same windows, so the reference's forward runs once per window, not once per format (a window of
+    512 tokens keeps 512 × vocabulary floats: about 100 MB for SmolLM2's 49k tokens)."""
+    seen: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def logits(window: torch.Tensor) -> torch.Tensor:
+        key = tuple(window.tolist())
+        if key not in seen:
+            seen[key] = logits_of(window)
+        return seen[key]
+
+    return logits
 
 
 def format_table(reports: Sequence[FormatReport]) -> pd.DataFrame:

@@ -32,6 +32,20 @@ BLOCK = 32  # weights per Q4_0 / Q4_1 block: the int4 group size that keeps them
 _BLOCK_BYTES = {GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}
 
 
+def stores_int4_layers(path: Path) -> bool:
+    """Whether ``path`` is a GGUF file whose every decoder projection is stored in Q4_0 / Q4_1 blocks (read
+    from the file's tensor table alone; no weight is read)."""
+    if not is_gguf_file(path):
+        return False
+    types = [t.tensor_type for t in open_gguf(path).tensors if _is_projection(hf_tensor_name(t.name))]
+    return bool(types) and all(t in _BLOCK_BYTES for t in types)
+
+
+def _is_projection(hf_name: str | None) -> bool:
+    """A decoder layer's matrix (``model.layers.3.mlp.up_proj.weight``), not its norms."""
+    return hf_name is not None and hf_name.startswith("model.layers.") and hf_name.endswith("_proj.weight")
+
+
 def stored_int4_weights(path: Path, config: ModelConfig) -> dict[str, QuantizedWeight]:
     """For each decoder projection of a GGUF checkpoint whose every part is Q4_0 or Q4_1: its int4 weight (groups of
     32), by minserve module name (``layers.0.self_attn.qkv_proj``), fused parts stacked in order. Any other

@@ -38,6 +38,7 @@ from minserve.quant.formats import FP8_DTYPE, GROUP_SIZES, WEIGHT_FORMATS, Quant
 from minserve.quant.gguf_blocks import BLOCK as STORED_BLOCK
 from minserve.quant.gguf_blocks import stored_int4_weights
 from minserve.quant.linear import QUANTIZED_LINEARS, QuantizedLinear
+from minserve.quant.row_switch import RowSwitchedLinear, dense_dtype, tune_row_switches
 
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 logger = logging.getLogger(__name__)
@@ -50,13 +51,16 @@ QUANTIZATIONS = (*WEIGHT_FORMATS, ACTIVATION_AWARE)
 
 @dataclass(frozen=True)
 class QuantScheme:
-    """A weight format for the decoder layers, the int4 group size, the head's format (None: kept), and
-    whether int4's rounding is activation-aware (:mod:`.awq`)."""
+    """A weight format for the decoder layers, the int4 group size, the head's format (None: kept),
+    whether int4's rounding is activation-aware (:mod:`.awq`), and whether each quantized layer keeps a
+    dense float copy for steps of many rows (:mod:`.row_switch`; what ``quantization="auto"`` picks on a
+    CPU, see :mod:`.auto`)."""
 
     format: str
     group_size: int | None = None  # int4: None picks 32 on a GGUF file's 4-bit blocks, else DEFAULT_GROUP_SIZE
     head_format: str | None = None
     activation_aware: bool = False
+    keep_dense: bool = False
 
     @classmethod
     def named(cls, name: str, group_size: int | None = None) -> QuantScheme:
@@ -123,13 +127,28 @@ def quantize_model(
     targets = _targets(model, dataclasses.replace(scheme, group_size=group_size))
     if scheme.activation_aware:
         _fold_activation_scales(model, targets, group_size, calibration_ids)
+    activation_dtype = next(model.parameters()).dtype
     for name, linear, format in tqdm(targets, desc=f"quantizing to {scheme.label}", disable=not progress):
         if format == "int4" and name in stored:
             quantized = QUANTIZED_LINEARS["int4"](stored[name], linear.bias)
         else:
             quantized = QUANTIZED_LINEARS[format].from_linear(linear, group_size)
+        if scheme.keep_dense:
+            quantized = RowSwitchedLinear(quantized, _dense_copy(linear, dense_dtype(activation_dtype)))
         _replace(model, name, quantized)
+    if scheme.keep_dense:
+        for format, rows in tune_row_switches(model, activation_dtype).items():
+            logger.info("%s codes for steps of up to %d rows, the dense copies above", format, rows)
     return model
+
+
+def _dense_copy(linear: nn.Linear, dtype: torch.dtype) -> nn.Linear:
+    """``linear`` itself where it is in ``dtype`` already (a tied head stays tied), else a copy in it."""
+    if linear.weight.dtype == dtype:
+        return linear
+    dense = nn.Linear(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype)
+    dense.load_state_dict({key: value.to(dtype) for key, value in linear.state_dict().items()})
+    return dense.requires_grad_(False)
 
 
 def _fold_activation_scales(
@@ -173,14 +192,43 @@ def _int4_or_fallback(name: str, linear: nn.Linear, group_size: int) -> str:
 
 
 def layer_formats(model: nn.Module) -> dict[str, str]:
-    """Each linear layer's storage, by name: a quantized format, or the float dtype it kept."""
+    """Each linear layer's storage, by name: a quantized format, the float dtype it kept, or both
+    (``"int4+float32"``: :class:`~minserve.quant.row_switch.RowSwitchedLinear`)."""
     formats = {}
-    for name, module in model.named_modules():
-        if isinstance(module, QuantizedLinear):
-            formats[name] = module.format
-        elif isinstance(module, nn.Linear):
-            formats[name] = str(module.weight.dtype).removeprefix("torch.")
+    for name, module in _linear_layers(model):
+        formats[name] = module.format if isinstance(module, (QuantizedLinear, RowSwitchedLinear)) else (
+            str(module.weight.dtype).removeprefix("torch."))  # fmt: skip
     return formats
+
+
+def _linear_layers(model: nn.Module):
+    """(name, module) for every linear layer: a float ``nn.Linear``, a quantized one, or a row-switched
+    pair (whose two halves are one layer, not two)."""
+    inside_pairs: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in inside_pairs:
+            continue
+        if isinstance(module, RowSwitchedLinear):
+            inside_pairs.update((id(module.narrow), id(module.dense)))
+            yield name, module
+        elif isinstance(module, (QuantizedLinear, nn.Linear)):
+            yield name, module
+
+
+def describe_weights(model: nn.Module) -> str:
+    """The formats a model's linear layers are held in, for a person: ``"int4+float32 ×120, int8+float32
+    (lm_head); int4 codes up to 16 rows a step, float32 above"``."""
+    formats = layer_formats(model)
+    head = formats.pop("lm_head", None)
+    counts: dict[str, int] = {}
+    for format in formats.values():
+        counts[format] = counts.get(format, 0) + 1
+    parts = [f"{format} ×{count}" for format, count in counts.items()]
+    if head is not None:
+        parts.append(f"{head} (lm_head)")
+    switches = {m.max_narrow_rows for m in model.modules() if isinstance(m, RowSwitchedLinear)}
+    rule = f"; codes up to {'/'.join(map(str, sorted(switches)))} rows a step, dense above" if switches else ""
+    return ", ".join(parts) + rule
 
 
 def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -209,7 +257,9 @@ def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
     """(bytes, weights) of every linear layer, the head included: what one decode step reads of the model
     (the embedding gives one row a token, so it is left out). Their ratio × 8 is the bits per weight."""
     total_bytes = total_weights = 0
-    for module in model.modules():
+    for _, module in _linear_layers(model):
+        if isinstance(module, RowSwitchedLinear):  # a decode step reads the codes
+            module = module.narrow
         if isinstance(module, QuantizedLinear):
             total_bytes += module.weight_nbytes
             total_weights += module.in_features * module.out_features
@@ -222,11 +272,14 @@ def linear_weight_bytes(model: nn.Module) -> tuple[int, int]:
 def format_options(label: str) -> dict[str, str | int | None]:
     """A storage label → LLM's keywords: ``"int4-g32+kv-int8"`` → ``quantization``, ``quant_group_size``,
     ``kv_cache_dtype``. A part is a weight format (:meth:`QuantScheme.from_label`) or ``kv-`` and a KV
-    cache dtype; chapter 07, the quality comparison and the benchmarks all name formats so."""
-    options: dict[str, str | int | None] = {}
+    cache dtype; chapter 07, the quality comparison and the benchmarks all name formats so. A label with no
+    weight format keeps the weights in float (``quantization="none"``); ``"auto"`` is the engine's default."""
+    options: dict[str, str | int | None] = {"quantization": "none"}
     for part in label.split("+"):
         if part.startswith("kv-"):
             options["kv_cache_dtype"] = part.removeprefix("kv-")
+        elif part == "auto":  # the engine's default (:mod:`.auto`)
+            options["quantization"] = "auto"
         else:
             scheme = QuantScheme.from_label(part)
             options |= {"quantization": scheme.name, "quant_group_size": scheme.group_size}

@@ -25,8 +25,10 @@ def startup_line(info: dict, url: str) -> str:
     kv_bytes = info.get("kv_cache_bytes")
     kv_size = f", {kv_bytes / 2**20:.1f} MiB" if kv_bytes else ""
     return (
-        f"minserve ready at {url}: {info['model']} ({info.get('dtype')}, {info.get('weights')} weights, on "
-        f"{info.get('device')}), context {info.get('max_model_len')} tokens; KV cache {info.get('kv_cache_blocks')} "
+        f"minserve ready at {url}: {info['model']} ({info.get('checkpoint')} checkpoint; weights "
+        f"{info.get('weights')}; activations {info.get('dtype')}; decode steps "
+        f"{'compiled' if info.get('compiled_decode') else 'eager'}; on {info.get('device')}), context "
+        f"{info.get('max_model_len')} tokens; KV cache {info.get('kv_cache_blocks')} "
         f"blocks of {info.get('kv_block_size_tokens')} = {info.get('kv_cache_tokens')} tokens{kv_size}; largest "
         f"batch {info.get('max_num_seqs')} sequences / {info.get('max_num_batched_tokens')} tokens a step; "
         f"admission {info['admission']} (max {info['max_waiting_requests']} waiting)"
