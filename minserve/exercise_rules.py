@@ -51,7 +51,9 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     ),
     "ch06": frozenset({STDLIB, "torch"}),  # not minserve.parallel, whose sharding is an answer
     "ch07": frozenset({STDLIB, "torch"}),  # not minserve.quant, whose formats.quantize_int4 is an answer
-    "ch08": frozenset({STDLIB}),
+    # The proposer plugs into the real engine: the sequence type it reads and the engine's Proposer protocol,
+    # by name; not the rest of minserve.engine.speculative, whose NgramProposer and verify are the answer.
+    "ch08": frozenset({STDLIB, "torch", "minserve.engine.sequence", "minserve.engine.speculative.proposer.Proposer"}),
     # The server's admission interface, name by name: not minserve.engine.admission whole (its DeadlineAware
     # is the answer).
     "ch09": frozenset({STDLIB} | {f"minserve.engine.admission.{name}" for name in ADMISSION_INTERFACE}),

@@ -147,7 +147,7 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
 # --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
 
 # The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
-HIDDEN = ("ch05", "ch07")
+HIDDEN = ("ch05", "ch07", "ch08")
 # Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
 # pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
 # counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
@@ -162,6 +162,11 @@ MISTAKES = {
         "ch07",
         ("codes = torch.round(", "codes = torch.floor("),
         {"public": "gaussian or outliers or off_centre", "hidden": "budgets or outliers or below_zero"},
+    ),
+    "ch08 resamples from p, not the residual": (
+        "ch08",
+        ("_residual(p_next, q_next)", "p_next"),
+        {"public": "emitted_tokens_follow", "hidden": "exactness_on or own_distributions"},
     ),
 }  # fmt: skip
 
@@ -227,7 +232,7 @@ STDLIB_ONLY = exercise_rules.ALLOWED_IMPORTS["ch01"]
 
 def test_every_chapter_says_what_its_exercise_may_import():
     assert set(exercise_rules.ALLOWED_IMPORTS) == set(CHAPTERS)
-    for chapter in ("ch01", "ch02", "ch04", "ch08", "ch10"):  # their stubs say "standard library only"
+    for chapter in ("ch01", "ch02", "ch04", "ch10"):  # their stubs say "standard library only"
         assert exercise_rules.ALLOWED_IMPORTS[chapter] == {exercise_rules.STDLIB}
 
 
@@ -275,6 +280,24 @@ def test_chapter_03_and_05_allow_what_they_build_on_and_no_answer():
     assert exercise_rules.forbidden_imports(answer, ch05) == [
         "minserve.capacity.simulator (line 1)",
         "minserve.engine (line 2)",
+    ]
+
+
+def test_chapter_08_allows_the_sequence_and_the_proposer_protocol_and_not_the_engines_speculation():
+    ch08 = exercise_rules.ALLOWED_IMPORTS["ch08"]
+    plug_in = (
+        "import torch\nfrom minserve.engine.sequence import Sequence\n"
+        "from minserve.engine.speculative.proposer import Proposer\n"
+    )
+    assert exercise_rules.forbidden_imports(plug_in, ch08) == []
+    answer = (
+        "from minserve.engine.speculative.proposer import NgramProposer\n"
+        "from minserve.engine.speculative.rejection import verify\nfrom minserve.engine import speculative\n"
+    )
+    assert exercise_rules.forbidden_imports(answer, ch08) == [
+        "minserve.engine.speculative.proposer (line 1)",
+        "minserve.engine.speculative.rejection (line 2)",
+        "minserve.engine (line 3)",
     ]
 
 
