@@ -42,8 +42,9 @@ EXPLORERS: dict[str, Explorer] = {
     "parallel-planner": Explorer("grid", ("model", "GPU", "GPUs", "link", "batch", "context"), max_points=60),
     "format-explorer": Explorer("grid", ("weights", "KV cache"), max_points=100),
     "speculation": Explorer("model", ("α", "draft cost c", "verify cost v")),
+    # A point is a capacity plan (a few simulations, ~3 s): each slider at the chapter's value and one above it.
     "capacity-planner": Explorer(
-        "grid", ("target req/s", "prompt tokens", "output tokens", "TTFT ms", "TPOT ms", "$ / hour"), max_points=9
+        "grid", ("target req/s", "prompt tokens", "output tokens", "TTFT ms", "TPOT ms", "$ / hour"), max_points=4
     ),
     "bundle-explorer": Explorer("grid", ("run", "metric", "TTFT ms", "TPOT ms"), max_points=30),
 }
