@@ -54,7 +54,7 @@ from offline import load_transformers, peak_rss_bytes, run_minserve, run_transfo
 from serve_vs_llamaserver import print_serve, run_serve
 
 QUESTION = "Explain in a few sentences why the sky is blue."
-# minserve-auto is the engine's defaults (quantization="auto"); +compile is what `minserve serve` adds to them.
+# minserve-auto is quantization="auto": the file's int4 codes for small steps, float32 copies for large ones.
 MINSERVE_SIDES = ("minserve-auto+compile", "minserve-auto", "minserve-fp32", "minserve-bf16", "minserve-int4+compile")
 # llama.cpp-q4_1 is llama-cpp-python's ``Llama``: one sequence at a time, a labelled single-stream reference.
 SINGLE_SIDES = (*MINSERVE_SIDES, "transformers-fp32", "transformers-bf16", "llama-bench-q4_1", "llama.cpp-q4_1")
@@ -63,7 +63,7 @@ PROFILE_SIDES = ("minserve-fp32", "minserve-bf16")
 
 
 def minserve_options(side: str) -> dict:
-    """A minserve side's LLM keywords: ``minserve-auto`` is the engine's defaults (on this file, int4 codes
+    """A minserve side's LLM keywords: ``minserve-auto`` is ``quantization="auto"`` (on this file, int4 codes
     for small steps and float32 copies for large ones); ``minserve-fp32`` and ``minserve-bf16`` are dtypes;
     the rest are formats on float32, as chapter 07 names them (``minserve-int8``, ``minserve-int4-g32``,
     ``minserve-kv-int8``, ``minserve-int4+kv-fp8``: see ``minserve.quant.swap.format_options``), and
@@ -73,7 +73,7 @@ def minserve_options(side: str) -> dict:
     storage = side.removeprefix("minserve-")
     compiled = {"compile_model": True} if storage.endswith("+compile") else {}  # ``…+compile``: torch.compile
     storage = storage.removesuffix("+compile")
-    return compiled if storage == "auto" else storage_options(storage) | compiled
+    return {"quantization": "auto"} | compiled if storage == "auto" else storage_options(storage) | compiled
 
 
 def transformers_dtype(side: str) -> torch.dtype:

@@ -80,8 +80,8 @@ def test_row_switched_layers_compile_the_small_steps_and_run_the_large_ones_eage
     the dense copies, and the tokens are the eager engine's."""
     monkeypatch.setattr("minserve.quant.auto.stores_int4_layers", lambda path: True)
     monkeypatch.setattr("minserve.quant.swap.tune_row_switches", _switch_above_two_rows)
-    eager = LLM(device="cpu", enable_tracing=False)
-    compiled = LLM(device="cpu", enable_tracing=False, compile_model=True)
+    eager = LLM(device="cpu", quantization="auto", enable_tracing=False)
+    compiled = LLM(device="cpu", quantization="auto", enable_tracing=False, compile_model=True)
     decode = compiled.engine.runner.compiled
     assert decode.max_seqs == 2
     compiled_steps = []

@@ -70,8 +70,8 @@ def test_a_row_switched_model_counts_its_codes_as_what_a_decode_step_reads():
 
 
 @pytest.mark.slow
-def test_the_default_engine_on_the_4bit_file_keeps_codes_and_chats(monkeypatch):
-    llm = LLM(SMOLLM, enable_tracing=False, kv_cache_memory_bytes=16 * 2**20)
+def test_auto_on_the_4bit_file_keeps_codes_and_chats():
+    llm = LLM(SMOLLM, quantization="auto", enable_tracing=False, kv_cache_memory_bytes=16 * 2**20)
     assert any(isinstance(m, RowSwitchedLinear) for m in llm.engine.model.modules())
     switch = llm.engine.model.get_submodule("layers.0.mlp.gate_up_proj")
     assert switch.max_narrow_rows in ROW_CANDIDATES
