@@ -25,6 +25,7 @@ greedy row is a one-hot target, and a correct verifier then keeps a draft exactl
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -193,6 +194,20 @@ class _NoText:
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return ""
+
+
+def bytes_held_then_left(propose: Callable[[], object], release: Callable[[], object]) -> tuple[int, int]:
+    """Python memory (bytes, by ``tracemalloc``) that ``propose()`` allocated and kept, and how much of it
+    is still held after ``release()``: what a proposer that forgets its sequences gives back."""
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        propose()
+        held = tracemalloc.get_traced_memory()[0] - baseline
+        release()
+        return held, tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
 
 
 def stand_in_sequence(request_id: str, token_ids: Sequence[int]) -> EngineSequence:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import tracemalloc
 
 import pytest
 import torch
@@ -129,17 +128,10 @@ def test_release_frees_what_was_kept(exercise):
     tokens = [random.Random(i).choices(range(2048), k=1500) for i in range(20)]
     seqs = [harness.stand_in_sequence(f"m{i}", tokens[i]) for i in range(20)]
     proposer = exercise.LookupProposer(3)
-    tracemalloc.start()
-    try:
-        baseline = tracemalloc.get_traced_memory()[0]
-        for seq in seqs:
-            proposer.propose([seq], [3])
-        held = tracemalloc.get_traced_memory()[0] - baseline
-        for seq in seqs:
-            proposer.release(seq)
-        left = tracemalloc.get_traced_memory()[0] - baseline
-    finally:
-        tracemalloc.stop()
+    held, left = harness.bytes_held_then_left(
+        propose=lambda: [proposer.propose([seq], [3]) for seq in seqs],
+        release=lambda: [proposer.release(seq) for seq in seqs],
+    )
     assert left <= max(64 * 1024, held // 4), f"{left / 1e6:.2f} MB still held of {held / 1e6:.2f} MB"
 
 

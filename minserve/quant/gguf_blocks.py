@@ -55,8 +55,8 @@ def stored_int4_weights(path: Path, config: ModelConfig) -> dict[str, QuantizedW
     parts: dict[str, dict[int | None, QuantizedWeight | None]] = {}
     for tensor in open_gguf(path).tensors:
         hf_name = hf_tensor_name(tensor.name)
-        if hf_name is None or not hf_name.startswith("model.layers.") or not hf_name.endswith(".weight"):
-            continue  # the embedding and the head are not decoder projections: the swap gives them int8
+        if not _is_projection(hf_name):
+            continue  # norms, the embedding and the head: the swap gives the head int8
         name, shard = minserve_name(hf_name)
         weight = _as_int4(tensor) if tensor.tensor_type in _BLOCK_BYTES else None
         if weight is not None and ".q_proj." in hf_name:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import tracemalloc
 
 import pytest
 import torch
@@ -108,16 +107,10 @@ def test_release_frees_longer_sequences(exercise):
     """Ten sequences of 3000 random tokens each, released: nothing kept for them stays in memory."""
     seqs = [harness.stand_in_sequence(f"m{i}", random.Random(100 + i).choices(range(2048), k=3000)) for i in range(10)]
     proposer = exercise.LookupProposer(4)
-    tracemalloc.start()
-    try:
-        baseline = tracemalloc.get_traced_memory()[0]
-        proposer.propose(seqs, [4] * len(seqs))
-        held = tracemalloc.get_traced_memory()[0] - baseline
-        for seq in seqs:
-            proposer.release(seq)
-        left = tracemalloc.get_traced_memory()[0] - baseline
-    finally:
-        tracemalloc.stop()
+    held, left = harness.bytes_held_then_left(
+        propose=lambda: proposer.propose(seqs, [4] * len(seqs)),
+        release=lambda: [proposer.release(seq) for seq in seqs],
+    )
     assert left <= max(64 * 1024, held // 4), f"{left / 1e6:.2f} MB still held of {held / 1e6:.2f} MB"
 
 
