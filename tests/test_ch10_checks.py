@@ -184,17 +184,22 @@ def test_knee_check_needs_a_run_past_twice_the_capacity():
 CHAT = slo.SLO("chat", ttft_s=1.0, tpot_s=0.2, availability=0.999)
 
 
-def _request(index, status="ok", error=None, span_s=0.8):
+def _request(index, status="ok", error=None, span_s=0.8, answered=True):
+    """One request's record; ``answered=False``: no token arrived before it ended (a refusal, a queued timeout)."""
     sent = index * 0.1
-    times = [] if error == "http_429" else [sent + 0.05 + 0.03 * k for k in range(int(span_s / 0.03) - 2)]
+    answered = answered and error != "http_429"
+    times = [sent + 0.05 + 0.03 * k for k in range(int(span_s / 0.03) - 2)] if answered else []
     return RequestResult(index, sent, sent, times, sent + span_s, status, error, output_tokens=len(times),
                          prompt_tokens=10, output_tokens_source="usage", text="x" * len(times))  # fmt: skip
 
 
-def _failure_run(refused=6, timed_out=0, timeout_s=10.0):
+def _failure_run(refused=6, timed_out=0, timeout_s=10.0, mid_answer=0):
+    """20 requests: ``refused`` 429s, ``timed_out`` timeouts (the first ``mid_answer`` of them after some tokens,
+    the rest while queued), the others ok; the server's counters agree, every timeout aborted."""
     results = [_request(i) for i in range(20 - refused - timed_out)]
     results += [_request(len(results) + i, "failed", "http_429", 0.004) for i in range(refused)]
-    results += [_request(len(results) + i, "failed", "timeout", timeout_s + 0.01) for i in range(timed_out)]
+    results += [_request(len(results) + i, "failed", "timeout", timeout_s + 0.01, answered=i < mid_answer)
+                for i in range(timed_out)]  # fmt: skip
     run = RunResult("rate=15", OpenLoop(15.0), results, max(r.end_s for r in results), 0.1)
     summary = summarize(run, CHAT)
     ok = summary["ok"]
@@ -235,20 +240,29 @@ def test_failure_check_fails_a_load_tester_that_counts_429_as_ok():
     assert "client: 20 ok and 0 given up on; server: 14 completed and 0 aborted" in problems
 
 
+def _finished(summary, completed, aborted):
+    """``summary`` with the server's counters saying ``completed`` requests finished and ``aborted`` were aborted."""
+    return {**summary, "server": {**summary["server"], 'request_success_total{finished_reason="length"}': completed,
+                                  'request_success_total{finished_reason="abort"}': aborted}}  # fmt: skip
+
+
 def test_failure_check_fails_a_server_that_works_on_for_clients_gone():
-    summary, rows = _failure_run(refused=0, timed_out=4)
-    server = {**summary["server"], 'request_success_total{finished_reason="abort"}': 0.0}
-    worked_on = {**summary, "server": {**server, 'request_success_total{finished_reason="length"}': 20.0}}
-    assert failures.failure_problems(worked_on, rows, sent=20) == [
-        "the server completed 20 and aborted 0; the client had 16 ok and gave up on 4"
+    summary, rows = _failure_run(refused=0, timed_out=4, mid_answer=1)
+    assert failures.failure_problems(_finished(summary, 20.0, 0.0), rows, sent=20) == [
+        "the server completed 20 and aborted 0; the client had 16 ok and gave up on 4, 3 of them before their "
+        "first token"
     ]
-    lost = {**summary, "server": server}  # neither completed nor aborted: the server lost track of them
+    lost = _finished(summary, 16.0, 0.0)  # neither completed nor aborted: the server lost track of them
     assert failures.failure_problems(lost, rows, sent=20) == [
-        "client: 16 ok and 4 given up on; server: 16 completed and 0 aborted"
+        "client: 16 ok and 4 given up on; server: 16 completed and 0 aborted",
+        "the server completed 16 and aborted 0; the client had 16 ok and gave up on 4, 3 of them before their "
+        "first token",
     ]
-    raced = {**summary, "server": {**summary["server"], 'request_success_total{finished_reason="length"}': 17.0,
-                                   'request_success_total{finished_reason="abort"}': 3.0}}  # fmt: skip
-    assert failures.failure_problems(raced, rows, sent=20) == []  # one finished as its client's timer ran out
+    # The one given up on mid-answer finished as its client's timer ran out: a race, not a fault.
+    assert failures.failure_problems(_finished(summary, 17.0, 3.0), rows, sent=20) == []
+    # One of those given up on while queued was completed for a client long gone.
+    assert "3 of them before their first token" in failures.failure_problems(_finished(summary, 18.0, 2.0), rows,
+                                                                             sent=20)[0]  # fmt: skip
 
 
 def test_failure_check_fails_failures_without_a_kind_and_a_passing_verdict():
@@ -274,6 +288,9 @@ def test_timeout_check_fails_a_timeout_that_is_not_enforced():
     assert problems[0] == "no request timed out" and "ok requests took longer than the 0.2 s timeout" in problems[1]
     _, rows = _failure_run(refused=0, timed_out=2, timeout_s=3.0)
     assert "2 timed out away from 1.0 s" in failures.timeout_problems(rows, 1.0)[0]
+    _, rows = _failure_run(refused=0, timed_out=2, mid_answer=2)  # no queued request's abort was tried
+    assert failures.timeout_problems(rows, 10.0) == ["no request timed out before its first token: every timeout "
+                                                     "came mid-answer"]  # fmt: skip
 
 
 # --- output quality --------------------------------------------------------------------------------------------
