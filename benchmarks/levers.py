@@ -51,7 +51,7 @@ from minserve import LLM, RequestOutput, SamplingParams
 from minserve.capacity import levers
 from minserve.capacity.levers import Lever
 from minserve.capacity.speculation_runs import compare, greedy, spec_config, timed_run, workloads
-from minserve.engine.core import StepReport
+from minserve.engine.step_report import StepReport
 
 Prompt = str | list[int]
 SYSTEM_PROMPT_TOKENS, OWN_TOKENS, SYSTEM_ANSWER_TOKENS = 512, 16, 8  # chapter 08's system-prompt workload

@@ -40,7 +40,7 @@ from minserve.capacity.simulator import SimRequest, SimResult, Simulator
 from minserve.config import SchedulerConfig
 from minserve.engine import core as engine_core
 from minserve.engine import engine as engine_module
-from minserve.engine.core import EngineCore, StepReport
+from minserve.engine.core import EngineCore
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.llm import LLM
 from minserve.engine.outputs import RequestMetrics
@@ -49,6 +49,7 @@ from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.engine.speculative import verifier as engine_verifier
 from minserve.engine.speculative.rejection import Verdict
+from minserve.engine.step_report import StepReport
 from minserve.quality.agreement import Agreement, next_token_agreement
 from minserve.quality.held_out import held_out_text
 

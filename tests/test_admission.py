@@ -26,9 +26,9 @@ from minserve.engine.admission import (
     make_admission,
     retry_after_header,
 )
-from minserve.engine.core import ScheduledSeq, StepReport
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.service_rates import PRIOR, ServiceRateMeter, ServiceRates
+from minserve.engine.step_report import ScheduledSeq, StepReport
 from tests.servers import MODEL, RunningServer
 
 RATE = ServiceRates(prefill_tokens_per_s=100.0, decode_step_s=0.02, num_steps=10)

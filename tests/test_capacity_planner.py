@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from minserve import slo
-from minserve.capacity import planner
+from minserve.capacity import envelope, planner
 from minserve.capacity.cost_model import StepCostModel, StepFeatures
 from minserve.capacity.planner import Machine, Workload
 from minserve.capacity.roofline import hardware, predict_decode, predict_prefill
@@ -135,14 +135,14 @@ def test_an_slo_missed_at_light_load_has_no_rate(target):
 
 def test_littles_law_on_a_known_case():
     """One request every 200 ms, each 10 steps of 10 ms: half the time one request is in the system."""
-    assert planner.littles_law_in_flight(5.0, 0.1) == pytest.approx(0.5)
+    assert envelope.littles_law_in_flight(5.0, 0.1) == pytest.approx(0.5)
     workload = Workload(fixed(8), fixed(10), num_requests=50, arrival="constant")
     probe = planner.probe_rate(constant_machine(), workload, slo.SLO(ttft_s=1.0), 0.99, 5.0)
     assert probe.mean_e2e_s == pytest.approx(0.1)
     result = Simulator(TEN_MS, constant_machine().config).run(workload.requests(5.0))
     batch = [s.features.prefill_seqs + s.features.decode_seqs for s in result.steps]  # what each step ran
     in_system_s = sum((ran + s.num_waiting) * s.duration_s for ran, s in zip(batch, result.steps))
-    assert in_system_s / result.end_s == pytest.approx(planner.littles_law_in_flight(5.0, probe.mean_e2e_s), rel=0.03)
+    assert in_system_s / result.end_s == pytest.approx(envelope.littles_law_in_flight(5.0, probe.mean_e2e_s), rel=0.03)
 
 
 class Times:
@@ -162,29 +162,29 @@ def test_queue_found_on_arrival_counts_the_requests_not_yet_scheduled():
 
 
 def test_replicas_and_cost():
-    assert planner.replicas_for(20, 6) == 4
-    assert planner.replicas_for(20, 20 / 3) == 3
-    assert planner.replicas_for(20, 5) == 4 and planner.replicas_for(0.5, 10) == 1
-    assert planner.replicas_for(2.1, 0.7) == 3  # 2.1 / 0.7 is 3.0000000000000004 in floating point
-    deploy = planner.deployment(20, 5, mean_output_tokens=100, usd_per_replica_hour=2.5)
+    assert envelope.replicas_for(20, 6) == 4
+    assert envelope.replicas_for(20, 20 / 3) == 3
+    assert envelope.replicas_for(20, 5) == 4 and envelope.replicas_for(0.5, 10) == 1
+    assert envelope.replicas_for(2.1, 0.7) == 3  # 2.1 / 0.7 is 3.0000000000000004 in floating point
+    deploy = envelope.deployment(20, 5, mean_output_tokens=100, usd_per_replica_hour=2.5)
     assert (deploy.replicas, deploy.usd_per_hour) == (4, 10.0)
     # $10 an hour for 20 × 100 tokens a second: 10 / 3600 / 2000 × 10⁶ dollars per million tokens.
     assert deploy.usd_per_million_output_tokens == pytest.approx(10 / 3600 / 2000 * 1e6)
-    assert planner.deployment(20, 5, 100).usd_per_hour is None
+    assert envelope.deployment(20, 5, 100).usd_per_hour is None
     with pytest.raises(ValueError, match="no rate meets the SLO"):
-        planner.replicas_for(20, 0.0)
+        envelope.replicas_for(20, 0.0)
     with pytest.raises(ValueError, match="target rate"):
-        planner.replicas_for(0, 5)
+        envelope.replicas_for(0, 5)
 
 
 # --- the whole envelope --------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def cpu_envelope() -> planner.Envelope:
+def cpu_envelope() -> envelope.Envelope:
     machine = Machine("cpu-like", CPU_LIKE, SchedulerConfig(num_kv_blocks=512))
     workload = Workload(parse_length("lognormal:256:128"), parse_length("lognormal:64:32"), num_requests=200)
-    return planner.plan_capacity(machine, workload, slo.SLO(ttft_s=0.5, tpot_s=0.1), 0.95, 20.0, 2.5)
+    return envelope.plan_capacity(machine, workload, slo.SLO(ttft_s=0.5, tpot_s=0.1), 0.95, 20.0, 2.5)
 
 
 def test_the_envelope_holds_together(cpu_envelope):
@@ -213,7 +213,7 @@ def test_the_envelope_holds_together(cpu_envelope):
 
 def test_a_stricter_slo_never_allows_a_higher_rate(cpu_envelope):
     env = cpu_envelope
-    strict = planner.plan_capacity(env.machine, env.workload, slo.SLO(ttft_s=0.2, tpot_s=0.05), 0.95, 20.0)
+    strict = envelope.plan_capacity(env.machine, env.workload, slo.SLO(ttft_s=0.2, tpot_s=0.05), 0.95, 20.0)
     assert strict.max_rate_rps <= env.max_rate_rps * (1 + env.rel_tol)
     assert strict.deployment is None or strict.deployment.replicas >= env.deployment.replicas
 
@@ -321,11 +321,11 @@ def tiny_llm():
     return LLM(device="cpu", num_threads=1, num_kv_blocks=64, enable_tracing=False)
 
 
-def engine_envelope(llm, **engine) -> planner.Envelope:
+def engine_envelope(llm, **engine) -> envelope.Envelope:
     config = SchedulerConfig.from_engine(llm).to_dict() | engine
     machine = planner.calibrated_machine(StepCostModel(CPU_LIKE.coefficients, {"engine": config}))
     workload = Workload(parse_length("uniform:24:8"), parse_length("uniform:6:2"), num_requests=6)
-    return planner.plan_capacity(machine, workload, slo.SLO(ttft_s=2.0), 0.5)
+    return envelope.plan_capacity(machine, workload, slo.SLO(ttft_s=2.0), 0.5)
 
 
 def test_serve_on_engine_sends_each_request_when_it_arrives(tiny_llm):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from minserve import LLM, SamplingParams
-from minserve.model.kv_quant import CODE_MAX, HEADROOM, dequantize_kv, kv_absmax, logits_through_cache, quantize_kv
+from minserve.model.kv_quant import CODE_MAX, HEADROOM, dequantize_kv, kv_absmax, quantize_kv
 from minserve.quality.agreement import next_token_agreement
+from minserve.quality.kv_cache import logits_through_cache
 
 DTYPES = ["int8", "fp8"]
 TORCH_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}

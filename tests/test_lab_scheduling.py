@@ -14,8 +14,8 @@ import pytest
 from minserve import LLM, lab, slo
 from minserve.capacity import experiments
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel
-from minserve.engine.core import ScheduledSeq
 from minserve.engine.policies import ShortestPromptFirst
+from minserve.engine.step_report import ScheduledSeq
 from minserve.lab import engine_runs, playground, scheduling, simulation_figures
 from tests import stand_in
 

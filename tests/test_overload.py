@@ -34,9 +34,9 @@ from minserve.bench.overload import (
 )
 from minserve.bench.workload import LengthDist, WorkloadSpec
 from minserve.config import ServerConfig
-from minserve.engine.core import ScheduledSeq, StepReport
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.service_rates import ServiceRateMeter
+from minserve.engine.step_report import ScheduledSeq, StepReport
 from tests.servers import MODEL, RunningServer
 
 WORKLOAD = WorkloadSpec(8, LengthDist("fixed", 16), LengthDist("fixed", 32), seed=1)

@@ -12,8 +12,8 @@ from minserve.capacity import experiments
 from minserve.capacity.experiments import NO_ADMISSION, OVERLOAD_COLUMNS, OVERLOAD_SLO, overload_sweep
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel, make_requests, simulate
 from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength, QueueState, Refusal
-from minserve.engine.core import EngineStats
 from minserve.engine.service_rates import PRIOR, ServiceRates
+from minserve.engine.step_report import EngineStats
 
 SIMPLE = StepCostModel({"base": 0.010, "prefill_tokens": 0.001, "decode_seqs": 0.002})
 

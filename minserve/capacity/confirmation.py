@@ -1,6 +1,6 @@
 """The capacity envelope confirmed on the engine: predicted, then measured, at rates around the knee.
 
-:func:`confirm_on_engine` takes an :class:`~minserve.capacity.planner.Envelope` planned for this machine
+:func:`confirm_on_engine` takes an :class:`~minserve.capacity.envelope.Envelope` planned for this machine
 (a cost model calibrated on the same engine) and serves its workload on the real engine at a few arrival
 rates, by default below, at and above the highest rate the planner says meets the SLO. Each run's requests
 (the same token ids, lengths and arrival times) go through the simulator too, so each row lays a prediction
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from minserve import slo
-from minserve.capacity.planner import Envelope, RateProbe
+from minserve.capacity.envelope import Envelope
+from minserve.capacity.planner import RateProbe
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator
 from minserve.engine.outputs import RequestOutput
 from minserve.measure.arrivals import serve_arrivals

@@ -41,9 +41,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from minserve.engine.core import ScheduledSeq, VirtualClock
+from minserve.engine.batch import ScheduledBatch
+from minserve.engine.clocks import VirtualClock
 from minserve.engine.sampler import Sample
-from minserve.engine.scheduler import ScheduledBatch
+from minserve.engine.step_report import ScheduledSeq
 
 COST_FORMAT = "minserve-step-cost/1"
 FEATURES = (

@@ -40,7 +40,7 @@ from minserve.capacity.roofline import (
     predict,
     weights_read_bytes,
 )
-from minserve.engine.scheduler import ScheduledBatch
+from minserve.engine.batch import ScheduledBatch
 
 
 class RooflineStepCost:

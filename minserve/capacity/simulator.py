@@ -3,7 +3,7 @@
 The engine core (:mod:`minserve.engine.core`) holds every rule of a step: admission, chunking, preemption,
 every policy, deadlines, the length stop, waiting time. It runs here unchanged, with two parts swapped: its
 executor is a :class:`~minserve.capacity.cost_model.CostModelExecutor`, which runs no model and moves a
-:class:`~minserve.engine.core.VirtualClock` forward by what each step costs, and the clock is that virtual
+:class:`~minserve.engine.clocks.VirtualClock` forward by what each step costs, and the clock is that virtual
 clock, which jumps over idle time to the next arrival. A rule written once therefore holds in both by
 construction. A thousand requests take seconds, so a chapter can sweep policies and arrival rates that
 would take the engine minutes.
@@ -37,7 +37,8 @@ from minserve.capacity.cost_model import CostModelExecutor, StepCost, StepCostMo
 from minserve.config import SchedulerConfig
 from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 from minserve.engine.block_manager import BlockManager
-from minserve.engine.core import EngineCore, StepReport, VirtualClock
+from minserve.engine.clocks import VirtualClock
+from minserve.engine.core import EngineCore
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.driver import Arrival, drive
 from minserve.engine.input_processor import check_fits
@@ -46,6 +47,7 @@ from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.engine.service_rates import ServiceRateMeter
+from minserve.engine.step_report import StepReport
 from minserve.measure.prompts import random_prompts
 
 # --- configuration and requests ----------------------------------------------------------------------------
@@ -211,7 +213,7 @@ class Simulator:
 
     Each :meth:`run` builds a fresh core, so runs are independent, and returns the requests in arrival
     order. ``on_step`` is called after every step with its :class:`StepRecord` and the core's
-    :class:`~minserve.engine.core.StepReport`. ``admission``: the server's admission policy, deciding each
+    :class:`~minserve.engine.step_report.StepReport`. ``admission``: the server's admission policy, deciding each
     request at its arrival (None: every request is admitted).
     """
 

@@ -40,7 +40,7 @@ from minserve.engine.service_rates import ServiceRates
 if TYPE_CHECKING:
     from minserve.config import ServerConfig
     from minserve.engine.async_engine import AsyncLLMEngine
-    from minserve.engine.core import EngineStats
+    from minserve.engine.step_report import EngineStats
 
 
 @dataclass(frozen=True)

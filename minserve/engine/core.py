@@ -18,27 +18,28 @@ model kept. Observers (calibration, the profiler, the
 lab, the simulator's step records) get a :class:`StepReport` after every step that ran something, instead
 of reaching into the scheduler.
 
-The module is longer than most (about 440 lines) on purpose: every rule a step applies is here, in the
-order the step applies it, so that a reader (and the simulator) finds them all in one place.
+Every rule a step applies is here, in the order the step applies it, so that a reader (and the simulator)
+finds them all in one place; what a step reports (:mod:`minserve.engine.step_report`) and the clocks
+(:mod:`minserve.engine.clocks`) live beside it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from minserve.config import SchedulerConfig
+from minserve.engine.batch import ScheduledBatch
 from minserve.engine.block_manager import BlockManager
+from minserve.engine.clocks import Clock, WallClock
 from minserve.engine.input_processor import check_fits
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampler import Sample, SamplingError
-from minserve.engine.scheduler import ScheduledBatch, Scheduler
+from minserve.engine.scheduler import Scheduler
 from minserve.engine.sequence import Sequence, SequenceStatus
 from minserve.engine.speculative.proposer import Proposer
+from minserve.engine.step_report import EngineStats, ScheduledSeq, StepObserver, StepReport, step_state, trace_span_name
 from minserve.engine.structured import advance
 from minserve.trace import Tracer
 
@@ -48,41 +49,6 @@ StepResult = list[Sample] | SamplingError | None  # per sequence: its new tokens
 
 
 # --- what is plugged in ---------------------------------------------------------------------------------------
-
-
-class Clock(Protocol):
-    """Seconds on a monotonic clock, and a way to let idle time pass until ``time_s``."""
-
-    def now(self) -> float: ...
-
-    def wait_until(self, time_s: float) -> None: ...
-
-
-class WallClock:
-    """``time.perf_counter``: the clock an engine serves by. Waiting sleeps."""
-
-    def now(self) -> float:
-        return time.perf_counter()
-
-    def wait_until(self, time_s: float) -> None:
-        time.sleep(max(0.0, time_s - time.perf_counter()))
-
-
-class VirtualClock:
-    """A clock that moves only when told: the simulator's. ``advance`` adds a step's cost; waiting jumps
-    over idle time to the next arrival at once (never backwards)."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self.time_s = start_s
-
-    def now(self) -> float:
-        return self.time_s
-
-    def advance(self, seconds: float) -> None:
-        self.time_s += seconds
-
-    def wait_until(self, time_s: float) -> None:
-        self.time_s = max(self.time_s, time_s)
 
 
 class Executor(Protocol):
@@ -100,99 +66,6 @@ class Executor(Protocol):
     def swap(self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]) -> None: ...
 
     def clear(self, block_ids: list[int]) -> None: ...
-
-
-@dataclass(frozen=True)
-class ScheduledSeq:
-    """One sequence of a step as it was scheduled, read before the step advanced it.
-
-    ``state``: ``decode`` (its next token), ``verify`` (its next token and drafts, speculative decoding),
-    ``recompute`` (more than one token of a sequence that had already produced some: it was preempted), or
-    ``prefill`` (its prompt, or a chunk of it).
-    """
-
-    request_id: str
-    num_new_tokens: int
-    num_computed_tokens: int
-    state: str
-
-    @classmethod
-    def of(cls, seq: Sequence, num_new: int) -> ScheduledSeq:
-        if seq.output_token_ids and num_new == 1 and seq.num_uncomputed_tokens == 1:
-            state = "decode"
-        elif seq.draft_token_ids and num_new == 1 + len(seq.draft_token_ids):
-            state = "verify"
-        else:
-            state = "recompute" if seq.output_token_ids else "prefill"
-        return cls(seq.request_id, num_new, seq.num_computed_tokens, state)
-
-
-@dataclass
-class StepReport:
-    """What one step did, for observers. Times in seconds on the core's clock.
-
-    ``scheduled`` is the batch as scheduled (each sequence's computed tokens *before* the step); the waiting
-    and swapped ids are the queues after scheduling; ``outputs`` what the step returned.
-    """
-
-    index: int  # steps run so far by this core, this one included
-    began_s: float  # when step() was called
-    start_s: float  # after the swaps, when the executor began
-    end_s: float  # when the executor returned
-    finished_s: float  # when the step's bookkeeping was done (its outputs built)
-    scheduled: list[ScheduledSeq]
-    preempted: list[str]
-    admitted: list[str]
-    num_swapped_blocks: int
-    waiting: list[str]
-    swapped: list[str]
-    num_running: int
-    outputs: list[RequestOutput] = field(default_factory=list)
-
-    @property
-    def duration_s(self) -> float:
-        """The executor's time: the forward pass and sampling, or a simulated step's cost."""
-        return self.end_s - self.start_s
-
-    @property
-    def step_s(self) -> float:
-        """The whole step's time, scheduling and bookkeeping included."""
-        return self.finished_s - self.began_s
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-
-StepObserver = Callable[[StepReport], None]
-
-
-@dataclass
-class EngineStats:
-    kv_blocks_total: int
-    kv_blocks_used: int
-    kv_cache_bytes: int
-    prefix_cache_hit_rate: float
-    num_preemptions: int
-    num_running: int
-    num_waiting: int
-    num_verify_steps: int = 0  # speculative decoding: a sequence's steps that carried drafts (vLLM's num_drafts)
-    num_draft_tokens: int = 0  # … the draft tokens run through the model in them
-    num_accepted_tokens: int = 0  # … and the ones it kept
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Fraction of drafted tokens the model kept (0 with none drafted)."""
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per verifying step: the kept drafts plus the model's own token (0 with none verified)."""
-        return 1 + self.num_accepted_tokens / self.num_verify_steps if self.num_verify_steps else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {**self.__dict__, "acceptance_rate": self.acceptance_rate,
-                "mean_accepted_length": self.mean_accepted_length}  # fmt: skip
 
 
 # --- the core -------------------------------------------------------------------------------------------------
@@ -507,7 +380,7 @@ class EngineCore:
             self.tracer.instant(seq.request_id, "scheduled", start_s, cached_tokens=seq.num_cached_tokens)
         if not self.tracer.enabled:
             return
-        kind = "decode" if seq.num_uncomputed_tokens == 1 and seq.output_token_ids else "prefill"
+        kind = trace_span_name(step_state(seq, num_new))
         extra = {"drafted": len(seq.draft_token_ids), "accepted": num_accepted} if seq.draft_token_ids else {}
         # A model split across processes says how long the step's forward waited in collectives.
         if (collective_s := getattr(self.executor, "collective_s", None)) is not None:

@@ -16,7 +16,9 @@ import torch
 
 from minserve.config import EngineConfig, SchedulerConfig
 from minserve.engine import pipeline_parallel, tensor_parallel
-from minserve.engine.core import EngineCore, EngineStats, WallClock
+from minserve.engine.batch import ScheduledBatch
+from minserve.engine.clocks import WallClock
+from minserve.engine.core import EngineCore
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.model_runner import ModelRunner
@@ -25,9 +27,9 @@ from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.preemption import make_preemption
 from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams, check_request_options
-from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
+from minserve.engine.step_report import EngineStats
 from minserve.engine.workers import check_launch, launched_rank, worker_main
 from minserve.model.kv_quant import resolve_kv_cache_dtype
 from minserve.model.loader import load_config, resolve_dtype, resolve_model_path

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minserve.engine.batch import ScheduledBatch
 from minserve.engine.cuda_graphs import DecodeGraphs
 from minserve.engine.sampler import Sample, SamplingError, sample_batch
-from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.speculative.verifier import verify_drafts
 from minserve.model.attention import AttentionMetadata, allocate_kv_cache
 from minserve.model.llama import LlamaForCausalLM

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from minserve.engine.sequence import SequenceStatus
 
 if TYPE_CHECKING:
+    from minserve.engine.batch import ScheduledBatch
     from minserve.engine.block_manager import BlockManager
-    from minserve.engine.scheduler import ScheduledBatch
     from minserve.engine.sequence import Sequence
 
 

@@ -23,7 +23,7 @@ requests/s), and the admitted requests' median TTFT came out 1.2–1.3 times the
 seconds), so a long step weighs more than a short one, as it should. Before the first measurement the
 meter answers with a prior (:data:`PRIOR`); the first measurement replaces it.
 
-:class:`ServiceRateMeter` is a step observer (:class:`~minserve.engine.core.StepReport`): the engine core
+:class:`ServiceRateMeter` is a step observer (:class:`~minserve.engine.step_report.StepReport`): the engine core
 process runs one and sends its :class:`ServiceRates` with every step's outputs.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from minserve.engine.core import StepReport
+    from minserve.engine.step_report import StepReport
 
 PREFILL_STATES = ("prefill", "recompute")  # ScheduledSeq states whose tokens are prompt work
 

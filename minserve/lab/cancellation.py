@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from minserve.capacity.simulator import SimRequest
-from minserve.engine.core import StepReport
+from minserve.engine.step_report import StepReport
 from minserve.lab.checks import require
 from minserve.lab.engine_runs import RUNNING_STATES, EngineRun, run_engine
 from minserve.measure.steps import StepRecorder

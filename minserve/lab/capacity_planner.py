@@ -23,7 +23,8 @@ from plotly.subplots import make_subplots
 from minserve import slo
 from minserve.capacity import planner
 from minserve.capacity.confirmation import EngineCheck
-from minserve.capacity.planner import Envelope, Machine, Workload
+from minserve.capacity.envelope import Envelope, plan_capacity, slo_text
+from minserve.capacity.planner import Machine, Workload
 from minserve.lab.theme import COLORWAY, SLO_COLOR, register_course_theme
 from minserve.workload import LengthDist
 
@@ -151,7 +152,7 @@ def attainment_figure(
 
 def envelope_figure(envelope: Envelope, curve: pd.DataFrame, measured: Sequence[EngineCheck] = ()) -> go.Figure:
     """:func:`attainment_figure` of an envelope: its knee, ceiling, required attainment and title."""
-    title = f"{envelope.machine.name}: {planner.slo_text(envelope.slo_target)}"
+    title = f"{envelope.machine.name}: {slo_text(envelope.slo_target)}"
     return attainment_figure(curve, envelope.max_rate_rps, envelope.required_attainment,
                              envelope.throughput.requests_per_s, measured, title)  # fmt: skip
 
@@ -198,7 +199,7 @@ def plan_table(
     TTFT ≤ ``ttft_ms`` and TPOT ≤ ``tpot_ms``, with the replicas (and cost) of ``target_rate_rps``: a table
     indexed by quantity, columns ``value`` and ``how``, the envelope's notes last."""
     target = slo.SLO("planner", ttft_s=ttft_ms / 1e3, tpot_s=tpot_ms / 1e3)
-    envelope = planner.plan_capacity(machine, with_means(workload, prompt_mean_tokens, output_mean_tokens), target,
+    envelope = plan_capacity(machine, with_means(workload, prompt_mean_tokens, output_mean_tokens), target,
                                      required_attainment, target_rate_rps, usd_per_replica_hour)  # fmt: skip
     notes = [{"quantity": "note", "value": note, "how": ""} for note in envelope.notes]
     return pd.DataFrame([*envelope.rows(), *notes]).set_index("quantity")

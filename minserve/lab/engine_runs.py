@@ -2,7 +2,7 @@
 the engine stepped until all are done, and every step recorded.
 
 :func:`run_engine` serves the requests with :func:`minserve.measure.arrivals.serve_arrivals` (over the loop
-the simulator runs on) and records each step from the engine core's :class:`~minserve.engine.core.StepReport`
+the simulator runs on) and records each step from the engine core's :class:`~minserve.engine.step_report.StepReport`
 (:class:`minserve.measure.steps.StepRecorder`): tokens, sequences, and what every request in flight was doing
 (prefill, decode, recompute, waiting, swapped).
 Requests are :class:`~minserve.capacity.simulator.SimRequest` s, the simulator's own description, so one
@@ -26,8 +26,8 @@ from minserve.capacity.simulator import (
     SimRequest,
     make_requests,
 )
-from minserve.engine.core import StepReport
 from minserve.engine.outputs import RequestOutput
+from minserve.engine.step_report import StepReport
 from minserve.lab.theme import COLORWAY
 from minserve.measure.arrivals import LEAD_S, serve_arrivals
 from minserve.measure.steps import StepRecorder

@@ -21,9 +21,9 @@ import pandas as pd
 
 from minserve.capacity.interconnect import Interconnect, ring_all_gather_s, ring_all_reduce_s
 from minserve.capacity.parallel import pipeline_stages, stage_params_per_gpu
-from minserve.engine.core import StepReport
 from minserve.engine.llm import LLM
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.step_report import StepReport
 from minserve.measure.prompts import random_prompts
 from minserve.measure.steps import StepRecorder, is_decode
 from minserve.model.config import ModelConfig

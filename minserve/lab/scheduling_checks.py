@@ -22,7 +22,7 @@ import pandas as pd
 
 from minserve.capacity.cost_model import StepCostModel, StepFeatures
 from minserve.capacity.profiler import DecodePoint
-from minserve.engine.core import ScheduledSeq
+from minserve.engine.step_report import ScheduledSeq
 from minserve.lab.checks import require
 from minserve.lab.engine_runs import RUNNING_STATES, EngineRun
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from minserve.engine.core import StepReport
 from minserve.engine.sampling_params import SamplingParams
+from minserve.engine.step_report import StepReport
 from minserve.measure.steps import StepRecorder, decode_periods, gc_paused
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Steps recorded from the engine core's own reports: the one way an experiment times a step.
 
-The core hands every observer a :class:`~minserve.engine.core.StepReport` after each step: what it scheduled
+The core hands every observer a :class:`~minserve.engine.step_report.StepReport` after each step: what it scheduled
 (before it ran), the queues, and four times on the core's clock (``began_s`` ≤ ``start_s`` ≤ ``end_s`` ≤
 ``finished_s``). Every experiment reads its times from these reports, never from a stopwatch of its own, so
 two chapters that say "a decode step" mean the same interval:
@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from minserve.engine.core import EngineCore, StepReport
+from minserve.engine.core import EngineCore
+from minserve.engine.step_report import StepReport
 
 T = TypeVar("T")
 

@@ -88,35 +88,6 @@ def kv_absmax(model: nn.Module, token_ids: torch.Tensor) -> list[torch.Tensor]:
     return seen
 
 
-@torch.inference_mode()
-def logits_through_cache(
-    model: nn.Module, token_ids: torch.Tensor, cache_dtype: torch.dtype, kv_scales: list[torch.Tensor]
-) -> torch.Tensor:
-    """``[seq_len, vocab]`` logits of one sequence run as a prefill through a scratch cache of ``cache_dtype``
-    of its own: every position attends to keys and values read back from their codes, as a served request's
-    do. (The engine's cache is not touched; the model's own is put back after.)"""
-    from minserve.model.attention import AttentionMetadata, allocate_kv_cache
-
-    config, n, device = model.config, len(token_ids), token_ids.device
-    block_size = 16
-    num_blocks = -(-n // block_size)
-    scratch = allocate_kv_cache(config.num_layers, num_blocks, block_size, config.num_kv_heads, config.head_dim,
-                                cache_dtype, device)  # fmt: skip
-    previous = [(layer.self_attn.kv_cache, layer.self_attn.kv_scales) for layer in model.layers]
-    model.set_kv_caches(scratch, kv_scales)
-    try:
-        meta = AttentionMetadata(
-            query_lens=[n],
-            context_lens=[n],
-            slot_mapping=torch.arange(n, device=device),
-            block_tables=torch.arange(num_blocks, device=device)[None, :],
-        )
-        return model.compute_logits(model(token_ids, torch.arange(n, device=device), meta))
-    finally:
-        for layer, (cache, scales) in zip(model.layers, previous):
-            layer.self_attn.kv_cache, layer.self_attn.kv_scales = cache, scales
-
-
 @contextmanager
 def _recording_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
     """While inside, every layer's attention call appends its keys' and values' per-head largest magnitude,

@@ -16,9 +16,9 @@ import torch
 
 from minserve.engine.llm import LLM
 from minserve.engine.sampling_params import SamplingParams
-from minserve.model.kv_quant import logits_through_cache
 from minserve.quality.agreement import Agreement, greedy_divergence, next_token_agreement
 from minserve.quality.held_out import held_out_text
+from minserve.quality.kv_cache import logits_through_cache
 from minserve.quant.swap import format_options, linear_weight_bytes, weight_bytes
 
 # Four short, different beginnings: code, prose, a list, a question.
@@ -75,7 +75,7 @@ def compare_formats(
     A format is a weight format (a :meth:`QuantScheme.from_label` label: ``"int8"``, ``"int4-g32"``), a KV
     cache format (``"kv-int8"``, ``"kv-fp8"``: float32 weights), or both joined by ``+``
     (``"int4+kv-int8"``). With an 8-bit cache, every scored position attends to keys and values read back
-    from their codes (:func:`~minserve.model.kv_quant.logits_through_cache`), as when serving.
+    from their codes (:func:`~minserve.quality.kv_cache.logits_through_cache`), as when serving.
 
     ``edits`` adds formats the engine cannot load by name: each label's callable changes a freshly loaded
     float32 engine in place (W8A8, simulated: :func:`minserve.quant.activations.quantize_w8a8`)."""

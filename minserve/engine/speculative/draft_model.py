@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from minserve.engine.batch import ScheduledBatch
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.model_runner import ModelRunner
 from minserve.engine.outputs import RequestMetrics
 from minserve.engine.sampler import SamplingError
 from minserve.engine.sampling_params import SamplingParams
-from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence, SequenceStatus
 from minserve.model.backends import resolve_backend
 from minserve.model.llama import LlamaForCausalLM
