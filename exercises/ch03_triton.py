@@ -1,4 +1,4 @@
-"""Chapter 03 exercise: the roofline by hand, then two Triton kernels.
+"""Chapter 03 exercise: the roofline by hand, then paged decode attention in Triton.
 
 Fill in every function below (replace ``raise NotImplementedError``), then grade yourself:
 
@@ -8,22 +8,42 @@ Part 1 is arithmetic on the roofline (chapter 03's claim section): plain Python,
 are in the names: ``_s`` seconds, ``flops`` a count of floating-point operations, ``_flops_per_s``,
 ``_bytes_per_s``.
 
-Part 2 is Triton. A kernel is a Python function decorated with ``@triton.jit``; it is launched over a *grid*
-of programs, ``kernel[grid](args...)``, and each program finds its share of the work from
-``tl.program_id(0)``. It loads a block of ``BLOCK`` elements at once with ``tl.load(ptr + offsets,
-mask=mask)``, where ``offsets = start + tl.arange(0, BLOCK)``; lanes whose ``mask`` is false are not read
-(they take ``other``) and not written by ``tl.store``. ``BLOCK`` must be a power of two known when the kernel
-is compiled (``tl.constexpr``), and the sizes here are not multiples of it, so the masks matter.
+Part 2 is Triton, and the kernel at the heart of a serving engine's decode step: **paged decode attention**.
+In a decode step every sequence brings one new token. Its query attends over every key and value the
+sequence has cached, and those live in fixed-size *blocks* scattered through one cache tensor (chapter 04's
+paged KV cache): the sequence's row of the *block table* says which physical block holds its tokens
+``0 … block_size − 1``, which the next ``block_size``, and so on; its last block is partly filled. A
+decode step is bound by the bytes of KV it reads (part 1's arithmetic), so the kernel reads each key and
+value once, where it lies, and never copies a sequence's context into a tensor of its own first: that copy
+is exactly what paging exists to avoid.
+
+A Triton kernel is a Python function decorated with ``@triton.jit``, launched over a *grid* of programs,
+``kernel[grid](args...)``; each program finds its share of the work from ``tl.program_id(axis)``. It loads
+a tile at once, ``tl.load(ptr + offsets, mask=mask, other=0.0)``, where ``offsets`` are built from
+``tl.arange(0, N)`` (``N`` a power of two known when the kernel is compiled: a ``tl.constexpr``); lanes
+whose ``mask`` is false are not read (they take ``other``) and not written by ``tl.store``. Pointers are
+element addresses: ``ptr + i`` is the ``i``-th element, so pass a tensor's strides to step through it.
+
+The design is yours: the kernel's arguments, its grid, how it walks a context. One that works: a program
+per (sequence, KV head), which loads the query heads that share its KV head once (grouped-query attention:
+each key is then read once for the whole group), walks the sequence's blocks through its row of the table,
+loads one block's keys and values as a ``[block_size, head_dim]`` tile, masks the slots past the context,
+and keeps a running softmax (the maximum so far, the sum of exponentials, the weighted sum of values,
+rescaled whenever the maximum grows: the *online softmax* of FlashAttention) so it never holds every score
+at once. Flash-decoding splits long contexts across several programs and merges them; vLLM's paged
+attention kernel and minserve's own (``kernels/decode_attention.py``, which you may not import) are two
+designs to read once yours works.
 
 Triton compiles kernels for a CUDA GPU. Without one, ``TRITON_INTERPRET=1`` runs them on the CPU, one program
 after another, on CPU tensors: that is how they are graded on a laptop (the grader sets it). To try your
-kernels in a notebook or a shell without a GPU, set it before anything imports triton:
+kernel in a notebook or a shell without a GPU, set it before anything imports triton:
 
     import os; os.environ["TRITON_INTERPRET"] = "1"
 
-The launchers take tensors on the kernels' device (CUDA, or the CPU under the interpreter) and return new
-tensors; they never change their inputs. Do the arithmetic inside the kernels; the launchers only check the
-inputs, allocate the output and launch.
+The grader checks it against a float64 reference on random shapes (grouped-query heads, ragged contexts,
+blocks in random places, every slot past a context and every padding entry of the table pointing at NaN,
+so a missing mask shows), in 16-bit, and then plugs it into the engine as the attention of every decode
+step: ``minserve-tiny``'s greedy tokens must equal the ones the engine's own torch attention gives.
 
 Import only torch, triton and the standard library: the grader refuses a file that imports minserve (whose
 own kernels and roofline are answers).
@@ -32,8 +52,8 @@ own kernels and roofline are answers).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # noqa: F401  (for your kernel and its launch)
+import triton.language as tl  # noqa: F401
 
 # --- part 1: the roofline by hand --------------------------------------------------------------------------
 
@@ -109,46 +129,36 @@ def decode_step_time_s(
     raise NotImplementedError
 
 
-# --- part 2: Triton ----------------------------------------------------------------------------------------
+# --- part 2: paged decode attention in Triton --------------------------------------------------------------
+
+# Your kernel (or kernels) go here: a function decorated with @triton.jit, launched by the function below.
 
 
-@triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
-    """``out[i] = x[i] + y[i]`` for the ``BLOCK`` elements of program ``tl.program_id(0)``.
+def paged_decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Each sequence's one new query token attending over its cached context, read in place by your kernel.
 
-    Program ``p`` handles elements ``p·BLOCK … p·BLOCK + BLOCK − 1``; those at or past ``n_elements`` are
-    masked off (neither read nor written). Launched over ``triton.cdiv(n_elements, BLOCK)`` programs.
-    """
-    raise NotImplementedError
+    The shapes are the engine's own, so the grader can plug this function into it:
 
+    * ``query`` ``[batch, num_heads, head_dim]``: each sequence's new token's query heads;
+    * ``kv_cache`` ``[2, num_blocks, block_size, num_kv_heads, head_dim]``: the keys (``kv_cache[0]``) and
+      values (``kv_cache[1]``) of every cached token of every sequence, ``block_size`` slots a block;
+    * ``block_tables`` ``[batch, max_blocks]``, integers: token ``t`` of sequence ``i`` is in block
+      ``block_tables[i, t // block_size]``, slot ``t % block_size``; entries past a sequence's last block
+      are padding and may hold anything;
+    * ``context_lens`` ``[batch]``, integers ≥ 1: how many cached tokens sequence ``i`` attends to (its new
+      token's key and value are already stored, so it attends to itself too).
 
-def vector_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``x + y`` for two 1-D tensors of the same length and dtype, computed by :func:`add_kernel`.
-
-    Returns a new tensor (``torch.empty_like(x)`` filled by the kernel); launches nothing for empty inputs.
-    Raises ``ValueError`` when the shapes differ. Use a ``BLOCK`` of 1024 (any power of two works).
-    """
-    raise NotImplementedError
-
-
-@triton.jit
-def rms_norm_kernel(x_ptr, weight_ptr, out_ptr, n_cols, eps, BLOCK: tl.constexpr):
-    """One program normalizes one row of a contiguous ``[rows, n_cols]`` tensor: row ``tl.program_id(0)``.
-
-    ``out = x / sqrt(mean(x²) + eps) * weight``, with the mean over the row's ``n_cols`` elements. Load the
-    row (``BLOCK ≥ n_cols``, a power of two; lanes past ``n_cols`` masked, loaded as 0.0 so they add nothing
-    to the sum) and the weight, compute in float32 (``.to(tl.float32)``), and store in the output's dtype
-    (``out_ptr.dtype.element_ty``).
-    """
-    raise NotImplementedError
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm over the last dimension of ``x`` (any leading shape), computed by :func:`rms_norm_kernel`.
-
-    ``weight`` has ``x.shape[-1]`` elements. Returns a new tensor of ``x``'s shape and dtype. Flatten ``x``
-    to a contiguous ``[rows, n_cols]``, launch one program per row with ``BLOCK = triton.next_power_of_2(n_cols)``,
-    and launch nothing when there are no rows. Raises ``ValueError`` when the weight's size is not
-    ``x.shape[-1]``.
+    Query head ``h`` uses KV head ``h // (num_heads // num_kv_heads)``. Returns a new
+    ``[batch, num_heads, head_dim]`` tensor in the query's dtype holding ``softmax(scale · q Kᵀ) V`` for each
+    sequence and query head, with the arithmetic in float32 whatever the storage. ``head_dim`` and
+    ``block_size`` are powers of two. The inputs are never changed; an empty batch returns an empty tensor
+    and launches nothing. Raises ``ValueError`` when ``num_heads`` is not a multiple of ``num_kv_heads`` or
+    the tensors disagree on the batch or the head size.
     """
     raise NotImplementedError

@@ -36,7 +36,7 @@ ADMISSION_INTERFACE = ("AdmissionPolicy", "QueueState", "Refusal", "RequestFacts
 ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     "ch01": frozenset({STDLIB}),
     "ch02": frozenset({STDLIB}),  # the tokenizer is handed in by the tests; nothing of minserve is needed
-    "ch03": frozenset({STDLIB, "torch", "triton"}),  # not minserve.kernels, whose RMSNorm is an answer
+    "ch03": frozenset({STDLIB, "torch", "triton"}),  # not minserve.kernels, whose decode attention is an answer
     "ch04": frozenset({STDLIB}),
     # The policy and the scheduler plug into the real engine: the policy's base class, the sequence type, the
     # block manager that owns KV memory and the batch type the core consumes; not the engine's Scheduler.

@@ -163,11 +163,16 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
 # --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
 
 # The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
-HIDDEN = ("ch05", "ch07", "ch08")
+HIDDEN = ("ch03", "ch05", "ch07", "ch08")
 # Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
 # pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
 # counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
 MISTAKES = {
+    "ch03 reads slots past the context": (
+        "ch03",
+        ("in_context = block * BLOCK_SIZE + slots < context_len", "in_context = slots < BLOCK_SIZE"),
+        {"public": "matches_float64 or grouped or block_sizes or 16bit", "hidden": "paged_shapes or bfloat16"},
+    ),
     "ch05 prefills every prompt whole": (
         "ch05",
         ("return min(num_uncomputed, budget) if self.enable_chunked_prefill else num_uncomputed",
