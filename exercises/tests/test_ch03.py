@@ -217,7 +217,7 @@ def test_plugged_into_the_engine(exercise):
     """minserve-tiny decodes three prompts 12 tokens each with your function as the attention of every decode
     step (4 query heads over 2 KV heads, blocks of 16, the engine's own block tables): its greedy tokens must
     equal those of the engine's own torch attention."""
-    reference, _ = exercise_attention.greedy_tokens(None, PROMPTS, 12)
     mine, calls = exercise_attention.greedy_tokens(exercise.paged_decode_attention, PROMPTS, 12)
+    reference, _ = exercise_attention.greedy_tokens(None, PROMPTS, 12)
     assert calls > 0, "the engine never called paged_decode_attention"
     assert mine == reference, "greedy tokens differ from the engine's own attention"

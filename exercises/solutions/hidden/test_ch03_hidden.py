@@ -51,8 +51,8 @@ def test_hidden_bfloat16_long_context(exercise):
 def test_hidden_plugged_into_the_engine(exercise):
     """Other prompts, decoded far enough to cross block boundaries: the engine's greedy tokens unchanged."""
     prompts = ("Three things to pack for a hike:", "import os\n\n\ndef walk(path):")
-    reference, _ = exercise_attention.greedy_tokens(None, prompts, 20)
     mine, calls = exercise_attention.greedy_tokens(exercise.paged_decode_attention, prompts, 20)
+    reference, _ = exercise_attention.greedy_tokens(None, prompts, 20)
     assert calls > 0 and mine == reference
 
 
