@@ -56,9 +56,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minserve.engine.batch import ScheduledBatch
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.policies import Policy, make_policy
-from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.engine.sequence import SequenceStatus
 

@@ -46,7 +46,7 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
             "minserve.engine.policies",
             "minserve.engine.sequence",
             "minserve.engine.block_manager",
-            "minserve.engine.scheduler.ScheduledBatch",
+            "minserve.engine.batch",
         }
     ),
     "ch06": frozenset({STDLIB, "torch"}),  # not minserve.parallel, whose sharding is an answer

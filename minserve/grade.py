@@ -247,11 +247,24 @@ def _interpret_triton_without_a_gpu() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _fail_property_tests_without_shrinking() -> None:
+    """A failing property test is graded by its points and its hint, not by its smallest counterexample, so
+    hypothesis skips shrinking (which reruns a failing test many times: most of a stub's grading time). The
+    profile is loaded before the tests are imported, so their own ``settings(...)`` inherit it."""
+    try:
+        from hypothesis import Phase, settings
+    except ImportError:
+        return
+    settings.register_profile("minserve-grade", phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    settings.load_profile("minserve-grade")
+
+
 def _worker(results_path: str, rootdir: str, test_files: list[str]) -> int:
     """Run pytest on ``test_files`` and write the results as JSON to ``results_path``."""
     import pytest  # only the child needs pytest; `minserve --help` stays fast
 
     _interpret_triton_without_a_gpu()
+    _fail_property_tests_without_shrinking()
 
     class GradePlugin:
         def __init__(self) -> None:

@@ -51,7 +51,9 @@ async def _plain_and_bad(url: str, round_index: int) -> Counter:
 
 @pytest.mark.slow
 def test_soak_leaves_nothing_behind():
-    args = ["--max-num-seqs", "32", "--num-kv-blocks", "512"]
+    # One engine thread: the load tester runs in this process on the same cores, and the soak is about what
+    # is left behind, not speed.
+    args = ["--max-num-seqs", "32", "--num-kv-blocks", "512", "--threads", "1"]
     with ServerProcess(args, model=MODEL) as server:
         client = ClientConfig(server.url, MODEL, ignore_eos=True)
         statuses: Counter = Counter()

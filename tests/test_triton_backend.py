@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minserve import LLM, SamplingParams
+from minserve.engine import model_setup
 from minserve.engine.cuda_graphs import DecodeGraphs, capture_sizes, padded_size
 from minserve.engine.engine import uses_cuda_graphs
 from minserve.model.backends import TorchBackend, TritonBackend, resolve_backend
@@ -106,11 +107,13 @@ def test_cuda_graphs_only_on_a_gpu_with_triton():
     assert not uses_cuda_graphs(EngineConfig(enable_cuda_graphs=False), torch.device("cuda"), "triton")
 
 
-def test_triton_backend_reads_and_writes_an_int8_cache_as_torch_does():
+def test_triton_backend_reads_and_writes_an_int8_cache_as_torch_does(monkeypatch):
     # Both backends store int8 codes under the scales calibration measured and widen the same codes as they
     # read them, so greedy decoding agrees token for token; the 16-token budget and the shared prefix make
     # the kernels run prefill over cached codes, chunked prefill and decode. (Calibration runs Triton's norms
-    # on one side and torch's on the other, so a scale may differ in its last bits, and a code by one.)
+    # on one side and torch's on the other, so a scale may differ in its last bits, and a code by one.) Both
+    # calibrate on 64 tokens, not 512: under the interpreter each token of it costs Triton programs.
+    monkeypatch.setattr(model_setup, "CALIBRATION_TOKENS", 64)
     settings = dict(kv_cache_dtype="int8", num_kv_blocks=64, block_size=8, max_num_batched_tokens=16)
     params = SamplingParams(max_tokens=6, temperature=0)
     torch_llm, triton_llm = LLM(backend="torch", **settings), LLM(backend="triton", **settings)

@@ -6,9 +6,9 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from minserve.engine.batch import ScheduledBatch
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.policies import Policy, make_policy
-from minserve.engine.scheduler import ScheduledBatch
 from minserve.engine.sequence import Sequence as EngineSequence
 from minserve.engine.sequence import SequenceStatus
 
