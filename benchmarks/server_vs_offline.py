@@ -15,9 +15,9 @@ What the ratio measures is everything HTTP adds: parsing and checking each reque
 front end and the engine core process, one server-sent event per token, and the client itself, which shares
 this machine's cores with the server (the CPU time of each part is printed).
 
-Two pairs run. With each side's defaults, the offline engine uses every core, while ``minserve serve`` on
-a CPU gives its engine all cores but one and keeps one for HTTP (and here the load tester shares the
-machine too): on few cores that split, not HTTP, is most of the gap. The controlled pair runs both engines
+Two pairs run. With each side's defaults, the offline engine uses every core, and so does ``minserve
+serve``'s engine on a CPU of two or three cores (from four up it keeps one for HTTP); the load tester shares
+the machine too, so on few cores that contention, not HTTP, is most of any gap. The controlled pair runs both engines
 on ``--engine-threads`` threads (default 1), so the HTTP side has a core of its own on both: that ratio is
 what HTTP itself costs.
 """

@@ -241,7 +241,8 @@ def _cmd_route(args: argparse.Namespace) -> int:
 
 def _replica_serve_argv(args: argparse.Namespace) -> list[str]:
     """What each replica started here gets: the model and engine flags given to ``route`` (the model goes on
-    its own), and on a CPU, unless --threads says otherwise, the cores but one shared between the replicas."""
+    its own), and on a CPU, unless --threads says otherwise, the engine's default threads shared between the
+    replicas."""
     argv = config_argv(args, EngineConfig, ROUTE_REPLICA_FIELDS)
     if args.replicas < 0:
         raise ValueError(f"--replicas must be ≥ 0, got {args.replicas}")
@@ -255,17 +256,26 @@ def _replica_serve_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _default_server_threads(device: str) -> int | None:
-    """On a CPU, torch threads for the engine: all cores but one, which the HTTP front end keeps.
+# From this many cores up, one is left to the HTTP front end; below it, the engine takes them all.
+CORES_TO_SPARE_ONE = 4
 
-    The engine's forward pass waits on its slowest thread; a thread whose core the front end (or a load
-    tester on the same machine) takes makes every step wait. On a GPU torch's default is right.
+
+def _default_server_threads(device: str) -> int | None:
+    """On a CPU, torch threads for the engine: every core on a machine of two or three, all but one (the HTTP
+    front end's) from four up.
+
+    The engine's forward pass waits on its slowest thread, so a thread whose core the front end (or a load
+    tester on the same machine) takes makes every step wait: sparing a core avoids that, and on a large CPU
+    costs little. On a small one it costs a large share of the engine: on two cores, SmolLM2 served with both
+    had half the TPOT of one thread at 0.5 req/s and 1.6× the closed-loop throughput (docs/benchmarks.md).
+    On a GPU torch's default is right.
     """
     import torch
 
     if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return None
-    return max(1, (os.cpu_count() or 1) - 1)
+    cores = os.cpu_count() or 1
+    return cores - 1 if cores >= CORES_TO_SPARE_ONE else cores
 
 
 def _cmd_perplexity(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from minserve import cli
 from minserve.cli import build_parser, main
 
 
@@ -50,3 +51,12 @@ def test_demo_runs_the_tour(tmp_path):
     assert "smollm2-135m-instruct: The capital of France is Paris." in result.stdout  # a real chat model answered
     assert "tokens from http://127.0.0.1:" in result.stdout  # the openai client got its completion
     assert {p.name for p in (tmp_path / "tour").iterdir()} == {"records.jsonl", "summary.json", "report.html"}
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (3, 3), (4, 3), (16, 15)])
+def test_a_server_engine_takes_every_core_of_a_small_cpu_and_spares_one_on_a_larger(monkeypatch, cores, threads):
+    # On two cores, one engine thread (the other core left to HTTP) gave twice the TPOT of two threads
+    # (docs/benchmarks.md, "The engine's threads on two cores"); from four cores up one is spared.
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: cores)
+    assert cli._default_server_threads("cpu") == threads
+    assert cli._default_server_threads("cuda:0") is None
