@@ -360,7 +360,7 @@ def test_a_loaded_module_holding_minserve_names_is_refused():
     assert exercise_rules.foreign_names(module, STDLIB_ONLY) == [
         "percentile (from minserve.slo)",
         "slo (from minserve.slo)",
-        "record (from minserve.slo)",
+        "record (from minserve.request_record)",
     ]
     with pytest.raises(exercise_rules.ForbiddenImport, match="may use only the standard library"):
         exercise_rules.check_module("ch01", module)
