@@ -5,7 +5,7 @@ engine's own cache layout (:func:`minserve.model.attention.allocate_kv_cache`). 
 ``minserve-tiny`` with the torch backend, once as it is and once with a backend whose decode steps attend
 by the learner's function (:class:`DecodeAttentionBackend`); a correct kernel gives the same greedy tokens.
 :func:`paged_case` and :func:`reference_attention` are the random shapes and the float64 answer the
-kernel-level tests (public and hidden) compare against.
+kernel-level tests (public and hidden) compare against, through :func:`assert_attends`.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ class DecodeAttentionBackend(TorchBackend):
 
     def attention(self, q, k, v, kv_cache, meta, scale, sliding_window, kv_scales=None):
         plain = kv_cache is None or sliding_window is not None or kv_scales is not None
-        if plain or not meta.device_tensors(q.device).all_decode:
+        step = None if plain else meta.device_tensors(q.device)
+        if step is None or not step.all_decode:
             return super().attention(q, k, v, kv_cache, meta, scale, sliding_window, kv_scales)
         store_kv(k, v, kv_cache, meta.slot_mapping)
         self.calls += 1
-        context_lens = meta.device_tensors(q.device).context_lens
         try:
-            return self.decode_attention(q, kv_cache, meta.block_tables, context_lens, scale)
+            return self.decode_attention(q, kv_cache, meta.block_tables, step.context_lens, scale)
         except Exception as error:
             self.errors.append(error)
             raise
@@ -128,3 +128,25 @@ def reference_attention(case: PagedCase) -> torch.Tensor:
         scores = torch.einsum("hd,nhd->hn", query[i], keys) * case.scale
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), values)
     return out
+
+
+def attend(decode_attention: DecodeAttention, case: PagedCase) -> torch.Tensor:
+    """``decode_attention`` on ``case``, checked to have left its inputs as they were."""
+    inputs = (case.query, case.kv_cache, case.block_tables, case.context_lens)
+    before = [t.clone() for t in inputs]
+    out = decode_attention(*inputs, case.scale)
+    assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(inputs, before)), "an input changed"
+    return out
+
+
+def assert_attends(decode_attention: DecodeAttention, case: PagedCase, tolerance: float) -> None:
+    """``decode_attention`` gives ``case``'s answer: the query's shape and dtype, no NaN (said as what a NaN
+    means here), and within ``tolerance`` of :func:`reference_attention`."""
+    out = attend(decode_attention, case)
+    assert out.shape == case.query.shape and out.dtype == case.query.dtype, (out.shape, out.dtype)
+    assert not out.isnan().any(), (
+        "NaN in the output: a slot past a sequence's context (or a padding entry of its block table) was read "
+        "into the softmax; mask the keys and values past context_lens[i], and read only the table entries of "
+        "blocks the context reaches"
+    )
+    torch.testing.assert_close(out.double().cpu(), reference_attention(case), rtol=tolerance, atol=tolerance)

@@ -137,34 +137,14 @@ def test_decode_step_of_an_8b_model(exercise):
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")
 
 
-def _attend(exercise, case):
-    """The learner's attention on ``case``, checked to have left its inputs alone."""
-    before = [t.clone() for t in (case.query, case.kv_cache, case.block_tables, case.context_lens)]
-    out = exercise.paged_decode_attention(case.query, case.kv_cache, case.block_tables, case.context_lens,
-                                          case.scale)  # fmt: skip
-    after = (case.query, case.kv_cache, case.block_tables, case.context_lens)
-    assert all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) for a, b in zip(after, before)), "an input changed"
-    return out
-
-
-def _assert_attends(exercise, case, tolerance):
-    out = _attend(exercise, case)
-    assert out.shape == case.query.shape and out.dtype == case.query.dtype, (out.shape, out.dtype)
-    assert not out.isnan().any(), (
-        "NaN in the output: a slot past a sequence's context (or a padding entry of its block table) was read "
-        "into the softmax; mask the keys and values past context_lens[i], and read only the table entries of "
-        "blocks the context reaches"
-    )
-    expected = exercise_attention.reference_attention(case)
-    torch.testing.assert_close(out.double().cpu(), expected, rtol=tolerance, atol=tolerance)
-
-
 @pytest.mark.points(4)
 def test_paged_decode_matches_float64(exercise):
     """Four sequences of 1, 16, 37 and 5 tokens (a context of one, a full last block, a partial one), 4 query
     heads over 2 KV heads, blocks of 16 in random places: each output row is softmax(scale · q Kᵀ) V over
     exactly its own context, within 1e-4 of float64."""
-    _assert_attends(exercise, _case([1, 16, 37, 5], 4, 2, 32, 16, seed=1), 1e-4)
+    exercise_attention.assert_attends(
+        exercise.paged_decode_attention, _case([1, 16, 37, 5], 4, 2, 32, 16, seed=1), 1e-4
+    )
 
 
 @pytest.mark.points(1)
@@ -173,7 +153,7 @@ def test_grouped_query_heads(exercise, num_kv_heads):
     """Query head h reads KV head h // (num_heads // num_kv_heads): one KV head per query head, one per two,
     and one for all four (multi-query)."""
     case = _case([9, 20], 4, num_kv_heads, 32, 8, seed=num_kv_heads)
-    _assert_attends(exercise, case, 1e-4)
+    exercise_attention.assert_attends(exercise.paged_decode_attention, case, 1e-4)
 
 
 @pytest.mark.points(1)
@@ -186,7 +166,7 @@ def test_block_sizes_and_long_contexts(exercise, contexts, block_size, head_dim)
     """Contexts of many blocks (13 blocks of 8; three of 32) and other head sizes: the walk over a sequence's
     blocks follows its table to the end of its context, whatever the block size."""
     case = _case(contexts, 4, 2, head_dim, block_size, seed=block_size)
-    _assert_attends(exercise, case, 1e-4)
+    exercise_attention.assert_attends(exercise.paged_decode_attention, case, 1e-4)
 
 
 @pytest.mark.points(1)
@@ -195,7 +175,7 @@ def test_16bit_cache(exercise, dtype):
     """A 16-bit query and cache: load, widen to float32 (.to(tl.float32)) before the dot products and the
     softmax, and store the output in the query's dtype."""
     case = _case([33, 7], 4, 2, 32, 16, dtype=dtype, seed=3)
-    _assert_attends(exercise, case, 2e-2)
+    exercise_attention.assert_attends(exercise.paged_decode_attention, case, 2e-2)
 
 
 @pytest.mark.points(1)
@@ -203,13 +183,13 @@ def test_edge_cases(exercise):
     """A new output tensor, the inputs untouched, an empty batch answered with an empty tensor, and a
     ValueError when num_heads is not a multiple of num_kv_heads."""
     case = _case([5], 4, 2, 16, 8)
-    out = _attend(exercise, case)
+    out = exercise_attention.attend(exercise.paged_decode_attention, case)
     assert out.data_ptr() != case.query.data_ptr()
     empty = _case([], 4, 2, 16, 8)
-    assert _attend(exercise, empty).shape == (0, 4, 16)
+    assert exercise_attention.attend(exercise.paged_decode_attention, empty).shape == (0, 4, 16)
     wrong = _case([5], 3, 2, 16, 8)
     with pytest.raises(ValueError):
-        _attend(exercise, wrong)
+        exercise_attention.attend(exercise.paged_decode_attention, wrong)
 
 
 @pytest.mark.points(4)

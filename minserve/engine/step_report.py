@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sequence import Sequence
 
-STEP_STATES = ("decode", "verify", "recompute", "prefill")
-
 
 def step_state(seq: Sequence, num_new: int) -> str:
     """What a step that runs ``num_new`` tokens of ``seq`` does with it, read before the step advances it.
@@ -39,12 +37,8 @@ def trace_span_name(state: str) -> str:
 
 @dataclass(frozen=True)
 class ScheduledSeq:
-    """One sequence of a step as it was scheduled, read before the step advanced it.
-
-    ``state``: ``decode`` (its next token), ``verify`` (its next token and drafts, speculative decoding),
-    ``recompute`` (more than one token of a sequence that had already produced some: it was preempted), or
-    ``prefill`` (its prompt, or a chunk of it).
-    """
+    """One sequence of a step as it was scheduled, read before the step advanced it; ``state`` is its
+    :func:`step_state` (``decode``, ``verify``, ``recompute`` or ``prefill``)."""
 
     request_id: str
     num_new_tokens: int

@@ -17,15 +17,6 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H200 = (989e12, 4.8e12)
 
 
-def _assert_attends(exercise, case, tolerance):
-    out = exercise.paged_decode_attention(case.query, case.kv_cache, case.block_tables, case.context_lens,
-                                          case.scale)  # fmt: skip
-    assert out.shape == case.query.shape and out.dtype == case.query.dtype
-    assert not out.isnan().any(), "NaN in the output: a slot past a context or a padding table entry was read"
-    expected = exercise_attention.reference_attention(case)
-    torch.testing.assert_close(out.double().cpu(), expected, rtol=tolerance, atol=tolerance)
-
-
 @pytest.mark.points(2)
 @pytest.mark.parametrize(
     ("contexts", "num_heads", "num_kv_heads", "head_dim", "block_size"),
@@ -36,7 +27,7 @@ def test_hidden_paged_shapes(exercise, contexts, num_heads, num_kv_heads, head_d
     """Other groupings, head sizes, block sizes and context lengths: the same softmax over each context."""
     case = exercise_attention.paged_case(contexts, num_heads, num_kv_heads, head_dim, block_size, seed=11,
                                          device=DEVICE)  # fmt: skip
-    _assert_attends(exercise, case, 1e-4)
+    exercise_attention.assert_attends(exercise.paged_decode_attention, case, 1e-4)
 
 
 @pytest.mark.points(2)
@@ -44,7 +35,7 @@ def test_hidden_bfloat16_long_context(exercise):
     """A bfloat16 cache over contexts of many blocks, with a scale of its own."""
     case = exercise_attention.paged_case([90, 31, 1], 4, 2, 32, 8, dtype=torch.bfloat16, seed=12, device=DEVICE)
     case = exercise_attention.PagedCase(case.query, case.kv_cache, case.block_tables, case.context_lens, 0.05)
-    _assert_attends(exercise, case, 2e-2)
+    exercise_attention.assert_attends(exercise.paged_decode_attention, case, 2e-2)
 
 
 @pytest.mark.points(3)
