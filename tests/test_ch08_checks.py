@@ -2,7 +2,7 @@
 gone: a greedy verifier that keeps every draft, a verifier that resamples from p, sampling that speculation
 shifted, a speculative step that costs too much, a batch where speculation still pays, a profile whose phase
 is not the one named. Engine runs use minserve-tiny on a few short requests; the wall-clock claims (the
-speedup band, the batch lesson) are tested on numbers made here."""
+speedup band, where the batch stops speculation) are tested on numbers made here."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.capacity import levers
+from minserve.capacity.kv import model_config
 from minserve.capacity.presets import MODEL_PRESETS
 from minserve.capacity.roofline import critical_batch_size, hardware
 from minserve.capacity.speculation import (
@@ -23,10 +24,19 @@ from minserve.capacity.speculation import (
     roofline_stop_paying_batch,
     stop_paying_batch,
 )
-from minserve.capacity.speculation_runs import SpeculationPoint, compare, greedy, spec_config, timed_run, workloads
+from minserve.capacity.speculation_runs import (
+    SpeculationPoint,
+    acceptance_rate,
+    compare,
+    edit_requests,
+    greedy,
+    spec_config,
+    timed_run,
+    workloads,
+)
 from minserve.engine.speculative import verifier
 from minserve.engine.speculative.rejection import Verdict, verify
-from minserve.lab import speculation, speculation_checks, speculation_hardware
+from minserve.lab import speculation, speculation_batch, speculation_checks, speculation_hardware
 
 
 def _engine(**options) -> LLM:
@@ -105,21 +115,44 @@ def _point(batch: int, measured: float, predicted: float, verify_cost: float) ->
     )  # fmt: skip
 
 
-def test_the_speedup_check_holds_a_band_around_the_prediction():
-    assert speculation_checks.check_speedup(_point(1, 1.4, 1.6, 1.15))["ratio"] == pytest.approx(1.4 / 1.6)
+def test_the_speedup_check_holds_a_band_around_a_prediction_made_without_the_run():
+    assert speculation_checks.check_speedup(_point(1, 1.4, 9.9, 1.15), 1.6)["ratio"] == pytest.approx(1.4 / 1.6)
     with pytest.raises(AssertionError, match="did not pay"):
-        speculation_checks.check_speedup(_point(1, 0.9, 1.6, 1.15))
-    with pytest.raises(AssertionError, match="outside"):  # a step costing k + 1 plain ones: 1.9 / 4
-        speculation_checks.check_speedup(_point(1, 1.05, 2.5, 1.15))
+        speculation_checks.check_speedup(_point(1, 0.9, 1.6, 1.15), 1.6)
+    with pytest.raises(AssertionError, match="outside"):  # a step costing k + 1 plain ones: 1.9 / 4 of E
+        speculation_checks.check_speedup(_point(1, 1.05, 2.5, 1.15), 2.5)
+    with pytest.raises(AssertionError, match="outside"):  # faster than the roofline allows
+        speculation_checks.check_speedup(_point(1, 2.4, 1.6, 1.0), 1.9)
 
 
-def test_the_batch_lesson_fails_where_speculation_still_pays_at_the_large_batch():
-    small = _point(1, 1.4, 1.6, 1.15)
-    speculation_checks.check_batch_lesson(small, _point(32, 0.7, 1.4, 1.5))
-    with pytest.raises(AssertionError, match="batch 32"):
-        speculation_checks.check_batch_lesson(small, _point(32, 1.2, 1.4, 1.5))
-    with pytest.raises(AssertionError, match="batch 32"):
-        speculation_checks.check_batch_lesson(_point(1, 0.6, 1.6, 1.15), _point(32, 0.7, 1.4, 1.1))
+def test_the_batch_check_fails_where_the_batch_does_not_take_the_speedup_away():
+    paying, losing = _point(1, 1.4, 1.6, 1.15), _point(32, 0.7, 1.4, 1.5)
+    assert speculation_checks.check_falls_with_batch([losing, paying]) == {32: 0.7, 1: 1.4}
+    with pytest.raises(AssertionError, match="batch 32: 1.30×, not below"):
+        speculation_checks.check_falls_with_batch([paying, _point(32, 1.3, 1.4, 1.2)])
+    with pytest.raises(AssertionError, match="need two batch sizes"):
+        speculation_checks.check_falls_with_batch([paying])
+
+
+def test_edit_requests_come_from_their_seed_and_acceptance_is_measured_on_them(plain):
+    first, again, other = (edit_requests(plain.encode_chat, 4, seed) for seed in (1, 1, 2))
+    assert first == again and first != other and len(first) == 4
+    assert all(isinstance(t, int) for t in first[0])
+    alpha = acceptance_rate(_engine(speculative_config=spec_config("ngram", 3)), workloads(2)["grounded"], greedy(16))
+    assert 0 < alpha < 1
+    with pytest.raises(ValueError, match="no draft"):  # a plain engine runs no draft
+        acceptance_rate(plain, workloads(1)["open"], greedy(4))
+
+
+def test_the_prediction_places_the_stop_where_the_roofline_speedup_crosses_one():
+    h100, llama = hardware("H100"), model_config(MODEL_PRESETS["Llama-3-8B"])
+    prediction = speculation_batch.predict(llama, h100, 0.6, 3, context_tokens=1, max_batch=1024)
+    assert prediction.at(prediction.stop_batch) >= 1 > prediction.at(prediction.stop_batch + 1)
+    assert prediction.at(1) == pytest.approx(expected_tokens_per_step(0.6, 3), rel=1e-3)  # v = 1: memory-bound
+    assert speculation_batch.sweep_batches(14) == (1, 30)
+    assert speculation_batch.sweep_batches(40) == (1, 32)
+    fig = speculation_batch.stop_paying_figure(prediction, [_point(1, 1.4, 1.6, 1.15)], "t")
+    assert len(fig.data[0].x) == len(speculation_batch.CURVE_BATCHES) and list(fig.data[1].y) == [1.4]
 
 
 def test_the_profile_names_the_phase_that_dominates(plain):

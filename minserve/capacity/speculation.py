@@ -106,6 +106,21 @@ def roofline_verify_cost(
     return verify_prediction(model, batch, num_speculative_tokens, context_tokens, hw).time_s / plain
 
 
+def roofline_speedup(
+    model: ModelLike,
+    hw: Hardware,
+    acceptance_rate: float,
+    num_speculative_tokens: int,
+    context_tokens: int,
+    batch: int,
+    draft_cost: float = 0.0,
+) -> float:
+    """The speedup the roofline allows at ``batch``: E[tokens per step] / (k·c + v) with v from
+    :func:`roofline_verify_cost`. An engine's kernels reach neither roof exactly, so read it as a ceiling."""
+    v = roofline_verify_cost(model, batch, num_speculative_tokens, context_tokens, hw)
+    return predicted_speedup(acceptance_rate, num_speculative_tokens, draft_cost, v)
+
+
 def roofline_stop_paying_batch(
     model: ModelLike,
     hw: Hardware,
@@ -120,8 +135,8 @@ def roofline_stop_paying_batch(
     with the batch."""
 
     def pays(batch: int) -> bool:
-        v = roofline_verify_cost(model, batch, num_speculative_tokens, context_tokens, hw)
-        return predicted_speedup(acceptance_rate, num_speculative_tokens, draft_cost, v) >= 1
+        k = num_speculative_tokens
+        return roofline_speedup(model, hw, acceptance_rate, k, context_tokens, batch, draft_cost) >= 1
 
     if not pays(1):
         return 0

@@ -1,10 +1,14 @@
 """Speculative decoding measured: the same prompts through the engine without it and with it, side by side.
 
-Two workloads, each a list of prompts (:func:`workloads`):
+Two workloads for a base model, each a list of prompts (:func:`workloads`):
 
 * ``grounded``: a function, two blank lines, then its first line again, so the answer copies its prompt
   and prompt lookup finds its drafts there;
 * ``open``: short openers that repeat nothing, where it must find them in what the model writes.
+
+and one for a chat model, :func:`edit_requests`: "rename this function" or "add a docstring" to a short
+piece of code, the edit that prompt lookup was made for (the answer is mostly the code again). Its prompts
+come from a seed, so one seed's requests can measure α and another's can be predicted from it.
 
 A run (:func:`timed_run`) sends ``batch`` prompts per ``generate`` and keeps their tokens, its seconds and
 the engine steps it took. :func:`compare` lays a speculative run beside the plain one of the same prompts:
@@ -20,6 +24,7 @@ says whether the tokens were the plain run's: a speedup from different output wo
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -51,6 +56,49 @@ def workloads(num_prompts: int) -> dict[str, list[str]]:
     }
 
 
+_EDITED_CODE = (
+    "def {name}({arg}, {limit}):\n    total = 0\n    for item in {arg}:\n        if item > {limit}:\n"
+    "            total += item\n    return total\n",
+    "def {name}({arg}):\n    result = []\n    for line in {arg}:\n        line = line.strip()\n        if line:\n"
+    "            result.append(line)\n    return result\n",
+    "def {name}({arg}, {limit}={number}):\n    values = sorted({arg})\n    return values[:{limit}]\n",
+)
+_VERBS = ("count", "collect", "pick", "keep", "gather", "select", "store", "fetch")
+_NOUNS = ("items", "lines", "values", "rows", "words", "scores", "prices", "nodes")
+
+
+ChatEncoder = Callable[[list[dict[str, str]]], list[int]]
+
+
+def edit_requests(encode_chat: ChatEncoder, num_prompts: int, seed: int) -> list[list[int]]:
+    """``num_prompts`` chat requests (token ids, through ``encode_chat``, e.g. ``LLM.encode_chat``), each asking
+    to rename a short function or to add a docstring to it, with names and numbers drawn from ``seed``."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(num_prompts):
+        verb, arg = rng.choice(_VERBS), rng.choice(_NOUNS)
+        name = f"{verb}_{arg}"
+        code = _EDITED_CODE[i % len(_EDITED_CODE)].format(
+            name=name, arg=arg, limit=rng.choice(("limit", "bound", "k", "top")), number=rng.randint(2, 9)
+        )
+        ask = (f"Rename `{name}` to `{rng.choice(_VERBS)}_{rng.choice(('all', 'them', 'data'))}` in this code."
+               if i % 2 == 0 else "Add a docstring to this function.")  # fmt: skip
+        message = f"{ask} Reply with the code only.\n\n```python\n{code}```"
+        requests.append(encode_chat([{"role": "user", "content": message}]))
+    return requests
+
+
+def acceptance_rate(llm: LLM, prompts: list, params: SamplingParams) -> float:
+    """α on ``prompts``, generated together by the speculative ``llm``: drafts kept over drafts run."""
+    core = llm.engine.core
+    drafted, accepted = core.num_draft_tokens, core.num_accepted_tokens
+    llm.generate(prompts, params)
+    drafted, accepted = core.num_draft_tokens - drafted, core.num_accepted_tokens - accepted
+    if not drafted:
+        raise ValueError("no draft was run on these prompts: α is undefined")
+    return accepted / drafted
+
+
 def greedy(num_tokens: int) -> SamplingParams:
     """Exactly ``num_tokens`` greedy tokens a request (``ignore_eos``), so every run does the same work."""
     return SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
@@ -80,15 +128,21 @@ class TimedRun:
         return self.seconds / max(self.steps, 1)
 
 
-def timed_run(llm: LLM, prompts: list[str], params: SamplingParams, batch: int, warm_up: bool = True) -> TimedRun:
+def timed_run(
+    llm: LLM, prompts: list, params: SamplingParams, batch: int, warm_up: bool = True, rounds: int = 1
+) -> TimedRun:
     """``prompts``, ``batch`` per ``generate``, after a warm-up on the first two (first calls pay for
-    allocation and lazy initialisation, not for the work)."""
+    allocation and lazy initialisation, not for the work); with ``rounds`` > 1, the fastest of that many runs
+    (on a shared machine another process only ever slows a run down)."""
     if warm_up:
         _generate(llm, prompts[:2], params, batch)
-    steps = llm.engine.core.num_steps
-    start = time.perf_counter()
-    tokens = _generate(llm, prompts, params, batch)
-    return TimedRun(tokens, time.perf_counter() - start, llm.engine.core.num_steps - steps)
+    runs = []
+    for _ in range(rounds):
+        steps = llm.engine.core.num_steps
+        start = time.perf_counter()
+        tokens = _generate(llm, prompts, params, batch)
+        runs.append(TimedRun(tokens, time.perf_counter() - start, llm.engine.core.num_steps - steps))
+    return min(runs, key=lambda run: run.seconds)
 
 
 def _generate(llm: LLM, prompts: list[str], params: SamplingParams, batch: int) -> list[list[int]]:
@@ -143,22 +197,32 @@ class ForwardTimer:
 
 
 def compare(
-    plain: TimedRun, llm: LLM, prompts: list[str], params: SamplingParams, batch: int, *, workload: str, proposer: str
+    plain: TimedRun,
+    llm: LLM,
+    prompts: list,
+    params: SamplingParams,
+    batch: int,
+    *,
+    workload: str,
+    proposer: str,
+    rounds: int = 1,
 ) -> SpeculationPoint:
-    """Run ``prompts`` through the speculative ``llm`` as ``plain`` ran them, and lay the two side by side."""
+    """Run ``prompts`` through the speculative ``llm`` as ``plain`` ran them (the fastest of ``rounds`` runs),
+    and lay the two side by side."""
     core = llm.engine.core
     k = core.proposer.num_speculative_tokens
     _generate(llm, prompts[:2], params, batch)  # warm-up, as the plain run had
     runner = getattr(core.proposer, "runner", None)  # a draft model's, or none for prompt lookup
     timer = ForwardTimer(runner) if runner is not None else None
     drafted, accepted = core.num_draft_tokens, core.num_accepted_tokens
-    spec = timed_run(llm, prompts, params, batch, warm_up=False)
+    spec = timed_run(llm, prompts, params, batch, warm_up=False, rounds=rounds)
     if runner is not None:
         runner.execute = timer._execute  # type: ignore[union-attr]
     drafted, accepted = core.num_draft_tokens - drafted, core.num_accepted_tokens - accepted
     alpha = accepted / drafted if drafted else 0.0
     cost = timer.forward_s / plain.step_s if timer else 0.0
-    verify_s = (spec.seconds - (timer.seconds if timer else 0.0)) / max(spec.steps, 1)
+    draft_s = timer.seconds / rounds if timer else 0.0  # a round's drafting, on average
+    verify_s = (spec.seconds - draft_s) / max(spec.steps, 1)
     v = verify_s / plain.step_s
     num_tokens = sum(len(t) for t in plain.tokens)
     return SpeculationPoint(
