@@ -48,7 +48,7 @@ be your own, not a subclass of one of minserve's policies.
 
 from __future__ import annotations
 
-from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
+from minserve.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 
 
 class SLOAdmission(AdmissionPolicy):

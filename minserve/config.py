@@ -306,11 +306,11 @@ MAX_PORT = 65535
 class ServerConfig:
     """The HTTP server's limits. Times in seconds, sizes in bytes.
 
-    ``admission`` decides which requests are refused at once with 429 (:mod:`minserve.engine.admission`):
+    ``admission`` decides which requests are refused at once with 429 (:mod:`minserve.admission`):
     ``"queue-length"`` (past ``max_waiting_requests`` waiting), ``"token-budget"`` (past
     ``max_queued_prompt_tokens`` prompt tokens queued) or ``"deadline"`` (a predicted time to first token
     over ``admission_headroom`` × ``ttft_slo_ms``, or × the request's shorter timeout); the last two keep the
-    queue-length limit too. Or an :class:`~minserve.engine.admission.AdmissionPolicy` object, the whole
+    queue-length limit too. Or an :class:`~minserve.admission.AdmissionPolicy` object, the whole
     policy (chapter 09's exercise). A 429's ``Retry-After`` is predicted from the queue, at least ``retry_after_s``.
     A request running longer than ``request_timeout_s``, or than the timeout it sends itself (body
     ``timeout`` or header ``X-Request-Timeout``, seconds, capped by ``request_timeout_s``), is stopped (504).
@@ -333,7 +333,7 @@ class ServerConfig:
     port: int = option(8000, "TCP port")
     api_key: str | None = option(None, "require this bearer token (or set MINSERVE_API_KEY)")
     # A name, or an AdmissionPolicy object (chapter 09's exercise plugs one in). Checked when the server
-    # starts, by minserve.engine.admission.make_admission (the simulator runs the same policies).
+    # starts, by minserve.admission.make_admission (the simulator runs the same policies).
     admission: str | object = option("queue-length", "which requests get 429 at once: queue-length, "
                                      "token-budget or deadline")  # fmt: skip
     max_waiting_requests: int = option(256, "past this queue length: 429 (under every --admission)")

@@ -13,7 +13,7 @@ checks a file twice before the tests use it:
   comes from an allowed module, which catches a re-export that slipped past the first check.
 
 An allowance names a module (and so its submodules), or one name inside a module: chapter 09 allows
-``minserve.engine.admission.AdmissionPolicy``, the interface a learner's policy plugs into, and not the
+``minserve.admission.AdmissionPolicy``, the interface a learner's policy plugs into, and not the
 module's own policies beside it, which are the answer.
 
 This is a guard against the honest shortcut, not a sandbox: the learner's code runs with full rights.
@@ -54,9 +54,9 @@ ALLOWED_IMPORTS: dict[str, frozenset[str]] = {
     # The proposer plugs into the real engine: the sequence type it reads and the engine's Proposer protocol,
     # by name; not the rest of minserve.engine.speculative, whose NgramProposer and verify are the answer.
     "ch08": frozenset({STDLIB, "torch", "minserve.engine.sequence", "minserve.engine.speculative.proposer.Proposer"}),
-    # The server's admission interface, name by name: not minserve.engine.admission whole (its DeadlineAware
+    # The server's admission interface, name by name: not minserve.admission whole (its DeadlineAware
     # is the answer).
-    "ch09": frozenset({STDLIB} | {f"minserve.engine.admission.{name}" for name in ADMISSION_INTERFACE}),
+    "ch09": frozenset({STDLIB} | {f"minserve.admission.{name}" for name in ADMISSION_INTERFACE}),
     "ch10": frozenset({STDLIB}),
 }
 

@@ -13,8 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minserve.config import ServerConfig
-from minserve.engine.admission import (
+from minserve.admission import (
     AdmissionPolicy,
     DeadlineAware,
     FirstRefusal,
@@ -26,6 +25,7 @@ from minserve.engine.admission import (
     make_admission,
     retry_after_header,
 )
+from minserve.config import ServerConfig
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.service_rates import PRIOR, ServiceRateMeter, ServiceRates
 from minserve.engine.step_report import ScheduledSeq, StepReport

@@ -82,6 +82,20 @@ def test_bad_sampling_params_name_the_field(field, value):
         SamplingParams(**{field: value})
 
 
+def test_sampling_params_are_frozen_and_lowered_by_a_new_object():
+    import dataclasses
+
+    params = SamplingParams(max_tokens=50, min_tokens=40, stop="END")
+    assert params.stop == ["END"] and dataclasses.replace(params, seed=1).stop == ["END"]  # normalised once
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.max_tokens = 5
+    lowered = params.with_max_tokens(30)
+    assert (lowered.max_tokens, lowered.min_tokens, params.max_tokens) == (30, 30, 50)
+    assert params.with_max_tokens(80) is params  # only ever lowered
+    with pytest.raises(ValueError, match="SamplingParams.max_tokens"):
+        params.with_max_tokens(0)
+
+
 def test_bad_prompts_raise_before_anything_runs(llm):
     with pytest.raises(ValueError, match="prompt 1: the prompt is empty"):
         llm.generate(["fine", ""], SamplingParams(max_tokens=2))

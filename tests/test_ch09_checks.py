@@ -15,10 +15,10 @@ import math
 import pandas as pd
 import pytest
 
+from minserve.admission import DeadlineAware, QueueLength
 from minserve.capacity import experiments
 from minserve.capacity.confirmation import EngineCheck
 from minserve.capacity.planner import RateProbe
-from minserve.engine.admission import DeadlineAware, QueueLength
 from minserve.lab import overload_checks as checks
 
 SLO = experiments.OVERLOAD_SLO  # TTFT ≤ 1 s

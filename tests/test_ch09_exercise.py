@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from minserve import exercise_rules
+from minserve.admission import AdmissionPolicy, DeadlineAware, QueueLength, Refusal
 from minserve.capacity.experiments import NO_ADMISSION, overload_sweep
-from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength, Refusal
 
 EXERCISES = Path(__file__).resolve().parents[1] / "exercises"
 
@@ -91,6 +91,6 @@ def test_a_borrowed_policy_is_refused_by_the_rule_and_by_the_class_check():
     allowed = exercise_rules.ALLOWED_IMPORTS["ch09"]
     held = types.ModuleType("minserve_exercise_mine")
     held.AdmissionPolicy, held.Refusal, held.DeadlineAware = AdmissionPolicy, Refusal, DeadlineAware
-    assert exercise_rules.foreign_names(held, allowed) == ["DeadlineAware (from minserve.engine.admission)"]
+    assert exercise_rules.foreign_names(held, allowed) == ["DeadlineAware (from minserve.admission)"]
     with pytest.raises(AssertionError, match="not a subclass of"):
         GRADED._policy(_exercise(BorrowsTheAnswer), 1.0)

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from minserve.admission import QueueLength
 from minserve.bench.client import ClientConfig, send_with_retries
 from minserve.bench.workload import BenchRequest
 from minserve.cli import main
@@ -29,7 +30,6 @@ from minserve.client import (
     parse_retry_after,
 )
 from minserve.config import ServerConfig
-from minserve.engine.admission import QueueLength
 from tests.servers import MODEL, RunningServer
 
 

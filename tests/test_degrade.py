@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minserve import LLM, SamplingParams
+from minserve.admission import QueueState
 from minserve.config import ServerConfig
-from minserve.engine.admission import QueueState
 from minserve.engine.service_rates import ServiceRates
 from minserve.serve.degrade import HEADER, DegradedModes, Degrader, Hysteresis, make_degrader
 from tests.servers import MODEL, RunningServer
@@ -54,14 +54,15 @@ def test_the_switch_turns_on_at_enter_and_off_only_at_exit():
 def test_degraded_modes_cap_max_tokens_and_the_context_and_refuse_what_does_not_fit():
     changes = []
     degrader = Degrader(Hysteresis(8, 2), DegradedModes(max_tokens=64, max_model_len=256), changes.append)
-    params = SamplingParams(max_tokens=500)
-    assert degrader.observe(load(7)) is False and degrader.apply(100, params, load(7)) is None
+    params = SamplingParams(max_tokens=500, min_tokens=100)
+    assert degrader.observe(load(7)) is False and degrader.apply(100, params, load(7)) == (params, None)
     assert params.max_tokens == 500  # normal: untouched
     assert degrader.observe(load(8)) is True and changes == [True]
-    assert degrader.apply(100, params, load(8)) is None and params.max_tokens == 64
-    short = SamplingParams(max_tokens=500)
-    assert degrader.apply(230, short, load(8)) is None and short.max_tokens == 26  # what the context leaves
-    refusal = degrader.apply(256, SamplingParams(max_tokens=1), load(8, queued_prompt_tokens=300))
+    capped, refusal = degrader.apply(100, params, load(8))
+    assert refusal is None and (capped.max_tokens, capped.min_tokens) == (64, 64) and params.max_tokens == 500
+    short, refusal = degrader.apply(230, SamplingParams(max_tokens=500), load(8))
+    assert refusal is None and short.max_tokens == 26  # what the context leaves
+    _, refusal = degrader.apply(256, SamplingParams(max_tokens=1), load(8, queued_prompt_tokens=300))
     assert refusal.reason == "degraded_context" and refusal.retry_after_s == pytest.approx(3.0)
     assert "256 tokens" in refusal.message
     assert degrader.observe(load(2)) is False and changes == [True, False]

@@ -336,12 +336,12 @@ def test_chapter_08_allows_the_sequence_and_the_proposer_protocol_and_not_the_en
 
 def test_chapter_09_allows_the_admission_interface_name_by_name_and_not_its_policies():
     ch09 = exercise_rules.ALLOWED_IMPORTS["ch09"]
-    interface = "from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts\n"
+    interface = "from minserve.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts\n"
     assert exercise_rules.forbidden_imports(interface, ch09) == []
-    answer = "from minserve.engine.admission import AdmissionPolicy, DeadlineAware\nimport minserve.engine.admission\n"
+    answer = "from minserve.admission import AdmissionPolicy, DeadlineAware\nimport minserve.admission\n"
     assert exercise_rules.forbidden_imports(answer, ch09) == [
-        "minserve.engine.admission (line 1)",
-        "minserve.engine.admission (line 2)",
+        "minserve.admission (line 1)",
+        "minserve.admission (line 2)",
     ]
 
 

@@ -10,10 +10,10 @@ import argparse
 import pandas as pd
 import pytest
 
+from minserve.admission import DeadlineAware, FirstRefusal, QueueLength, TokenBudget, make_admission
 from minserve.bench.overload import StormShape
 from minserve.cli import SERVE_OVERLOAD_FIELDS, SERVE_SERVER_FIELDS
 from minserve.config import ServerConfig
-from minserve.engine.admission import DeadlineAware, FirstRefusal, QueueLength, TokenBudget, make_admission
 from minserve.flags import add_config_flags, config_options
 from minserve.lab import overload, overload_figures
 

@@ -8,10 +8,10 @@ import math
 import pytest
 
 from minserve import slo
+from minserve.admission import AdmissionPolicy, DeadlineAware, QueueLength, QueueState, Refusal
 from minserve.capacity import experiments
 from minserve.capacity.experiments import NO_ADMISSION, OVERLOAD_COLUMNS, OVERLOAD_SLO, overload_sweep
 from minserve.capacity.simulator import SchedulerConfig, SimRequest, Simulator, StepCostModel, make_requests, simulate
-from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength, QueueState, Refusal
 from minserve.engine.service_rates import PRIOR, ServiceRates
 from minserve.engine.step_report import EngineStats
 

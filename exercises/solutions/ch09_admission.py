@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
+from minserve.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 
 NEARLY_FULL_KV = 0.95
 

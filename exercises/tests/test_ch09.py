@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from minserve import admission
+from minserve.admission import AdmissionPolicy, QueueLength, QueueState, Refusal, RequestFacts
 from minserve.capacity.experiments import NO_ADMISSION, OVERLOAD_SLO, overload_sweep
 from minserve.config import EngineConfig, ServerConfig
-from minserve.engine import admission
-from minserve.engine.admission import AdmissionPolicy, QueueLength, QueueState, Refusal, RequestFacts
 from minserve.engine.async_engine import AsyncLLMEngine
 from minserve.engine.service_rates import ServiceRates
 from minserve.serve.api import create_app

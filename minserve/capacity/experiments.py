@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from minserve import slo
+from minserve.admission import AdmissionPolicy, DeadlineAware, QueueLength
 from minserve.capacity.cost_model import StepCostModel
 from minserve.capacity.simulator import SimRequest, SimResult, SimulatedRequest, Simulator, make_requests
 from minserve.config import SchedulerConfig, ServerConfig
-from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength
 from minserve.engine.policies import Policy
 from minserve.workload import poisson_arrivals
 

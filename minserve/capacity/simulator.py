@@ -12,11 +12,11 @@ Each request comes out with the engine's :class:`~minserve.engine.outputs.Reques
 scheduled, every token's time, finish, time spent waiting) and as a :class:`minserve.slo.RequestRecord`, so
 the same SLO code summarizes a simulation and a measured run (:func:`minserve.slo.summarize`).
 
-With an admission policy (:mod:`minserve.engine.admission`, the server's own), each request is decided at
-its arrival from the :class:`~minserve.engine.admission.QueueState` the server would see: the core's counts
+With an admission policy (:mod:`minserve.admission`, the server's own), each request is decided at
+its arrival from the :class:`~minserve.admission.QueueState` the server would see: the core's counts
 and the service rates a :class:`~minserve.engine.service_rates.ServiceRateMeter` measures from the simulated
 steps, the same meter the engine core process runs. A refused request never reaches the core; it comes out
-with its :class:`~minserve.engine.admission.Refusal`, no tokens, and counts as failed, so it never meets an SLO.
+with its :class:`~minserve.admission.Refusal`, no tokens, and counts as failed, so it never meets an SLO.
 
 What the simulator does not model: sampling and stop strings (every request produces exactly its output
 length, as with ``ignore_eos``), cancellations, and time spent outside ``engine.step()``.
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from minserve import slo
+from minserve.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 from minserve.capacity.cost_model import CostModelExecutor, StepCost, StepCostModel, StepFeatures
 from minserve.config import SchedulerConfig
-from minserve.engine.admission import AdmissionPolicy, QueueState, Refusal, RequestFacts
 from minserve.engine.block_manager import BlockManager
 from minserve.engine.clocks import VirtualClock
 from minserve.engine.core import EngineCore

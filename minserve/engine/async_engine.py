@@ -45,7 +45,7 @@ from pathlib import Path
 from minserve.config import EngineConfig
 from minserve.engine.core_process import AddRequest, EngineInfo, OutputDelta, run_engine_core
 from minserve.engine.engine import EngineStats, Prompt
-from minserve.engine.input_processor import InputProcessor
+from minserve.engine.input_processor import EngineInput, InputProcessor
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.service_rates import PRIOR, ServiceRates
@@ -218,21 +218,36 @@ class AsyncLLMEngine:
         priority: int = 0,
         deadline_s: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Queue a request now and return the stream of its outputs. Leaving the stream early cancels it.
+        """Check a request (:meth:`InputProcessor.process <minserve.engine.input_processor.InputProcessor.process>`,
+        ``ValueError`` if it is bad) and queue it (:meth:`add_input`)."""
+        if self._state != "ok":
+            raise EngineDeadError(self._why_not_serving())
+        request = self.inputs.process(prompt, params, prompt_token_ids)
+        return self.add_input(request, request_id, arrival_time_s, priority, deadline_s)
+
+    def add_input(
+        self,
+        request: EngineInput,
+        request_id: str,
+        arrival_time_s: float | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request the input processor passed now, and return the stream of its outputs. Leaving the
+        stream early cancels it.
 
         Synchronous on purpose: the request counts as in flight (and as waiting, in :meth:`stats`, and its
         prompt in :attr:`num_queued_prompt_tokens`) the moment this returns, so a server that decides
         admission from them and then calls this, with no ``await`` between, keeps its limits exact under
-        any concurrency (:mod:`minserve.engine.admission`). A request the engine refuses raises
-        ``ValueError``; a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
+        any concurrency (:mod:`minserve.admission`). A request id already in flight raises ``ValueError``;
+        a core that is not serving raises :class:`EngineDeadError`. ``arrival_time_s``
         (``time.perf_counter``) defaults to now; a server passes when the request came in. ``deadline_s``:
         seconds after arrival past which the core stops the request (``finish_reason="deadline"``).
         """
         if self._state != "ok":
             raise EngineDeadError(self._why_not_serving())
         arrival_s = time.perf_counter() if arrival_time_s is None else arrival_time_s
-        ids = prompt_token_ids if prompt_token_ids is not None else self.inputs.encode(prompt)
-        self.inputs.check_fits(ids, params)
+        prompt, ids, params = request.prompt, request.prompt_token_ids, request.params
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
         state = _RequestState(

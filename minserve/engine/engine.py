@@ -15,14 +15,13 @@ import time
 import torch
 
 from minserve.config import EngineConfig, SchedulerConfig
-from minserve.engine import pipeline_parallel, tensor_parallel
+from minserve.engine import model_setup, pipeline_parallel, tensor_parallel
 from minserve.engine.batch import ScheduledBatch
 from minserve.engine.clocks import WallClock
 from minserve.engine.core import EngineCore
 from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
-from minserve.engine.model_runner import ModelRunner
-from minserve.engine.model_setup import build_model, kv_scales
+from minserve.engine.model_runner import CacheShape, ModelRunner
 from minserve.engine.outputs import RequestMetrics, RequestOutput
 from minserve.engine.preemption import make_preemption
 from minserve.engine.sampler import make_generator
@@ -31,9 +30,6 @@ from minserve.engine.sequence import Sequence
 from minserve.engine.speculative.proposer import Proposer, make_proposer
 from minserve.engine.step_report import EngineStats
 from minserve.engine.workers import check_launch, launched_rank, worker_main
-from minserve.model.kv_quant import resolve_kv_cache_dtype
-from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
-from minserve.model.tokenizer import Tokenizer
 from minserve.parallel import check_tensor_parallel
 from minserve.parallel.pipeline import PipelineStats, check_pipeline_parallel
 from minserve.trace import Tracer
@@ -48,25 +44,23 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        self.model_dir = resolve_model_path(config.model)
         self.device = _resolve_device(config.device)
-        self.tokenizer = Tokenizer(self.model_dir)
-        self.dtype = resolve_dtype(config.dtype, load_config(self.model_dir), self.device)
+        checkpoint = model_setup.Checkpoint.open(config, self.device)
+        self.model_dir, self.tokenizer, self.dtype = checkpoint.path, checkpoint.tokenizer, checkpoint.dtype
         # Tensor or pipeline parallelism: the other ranks start now and build their parts beside this one's.
         self.parallel = None
         if config.tensor_parallel_size > 1:
             check_tensor_parallel(  # before any rank starts
-                load_config(self.model_dir), config.tensor_parallel_size, config.enable_expert_parallel
+                checkpoint.model_config, config.tensor_parallel_size, config.enable_expert_parallel
             )
             self.parallel = tensor_parallel.start(config, self.device)
         elif config.pipeline_parallel_size > 1:
-            check_pipeline_parallel(load_config(self.model_dir), config.pipeline_parallel_size)  # likewise
+            check_pipeline_parallel(checkpoint.model_config, config.pipeline_parallel_size)  # likewise
             self.parallel = pipeline_parallel.start(config, self.device)
         comm = self.parallel.comm if config.tensor_parallel_size > 1 else None
-        self.model = build_model(config, self.model_dir, self.device, self.dtype, self.tokenizer, comm)
+        loaded = model_setup.load(config, self.device, checkpoint, comm)
+        self.model, self.kv_cache_dtype, self.kv_scales = loaded.model, loaded.kv_cache_dtype, loaded.kv_scales
         self.model_config = self.model.config
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-        self.kv_scales = kv_scales(self.model, self.tokenizer, self.kv_cache_dtype, self.device)
         if config.pipeline_parallel_size > 1:  # stage 0 keeps its layers, calibrated above on the whole model
             self.kv_scales = pipeline_parallel.cut_to_stage(
                 self.model, self.kv_scales, 0, config.pipeline_parallel_size
@@ -74,10 +68,12 @@ class LLMEngine:
         model_limit = self.model_config.max_position_embeddings
         self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.scheduler_config = self._scheduler_config()
-        num_blocks, num_cpu_blocks = self.scheduler_config.num_kv_blocks, self.scheduler_config.host_blocks
-        cache = (num_blocks, config.block_size, num_cpu_blocks, self.kv_cache_dtype, self.kv_scales)
+        sizes = self.scheduler_config
+        shape = CacheShape(sizes.num_kv_blocks, sizes.block_size, sizes.host_blocks, self.kv_cache_dtype)
         self.runner = (
-            ModelRunner(self.model, *cache) if self.parallel is None else self.parallel.runner(self.model, *cache)
+            ModelRunner(self.model, shape, self.kv_scales)
+            if self.parallel is None
+            else self.parallel.runner(self.model, shape, self.kv_scales)
         )
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         # A mixture of experts sizes each expert's batch from its count on the CPU: a graph cannot record that.

@@ -13,6 +13,8 @@ context holds; ``SLACK`` leaves room for normalizers that shorten text before it
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.structured import GrammarCompiler, Matcher, StructuredOutputError
 from minserve.model.tokenizer import Tokenizer
@@ -20,6 +22,21 @@ from minserve.model.tokenizer import Tokenizer
 Prompt = str | list[int]
 SLACK = 4  # how much shorter a normalizer could make a text before it is split into tokens, at most
 MIN_CHARS_PER_TOKEN = 16  # a floor on a token's reach, whatever the vocabulary's longest entry
+
+
+@dataclass(frozen=True)
+class EngineInput:
+    """A request as :meth:`InputProcessor.process` passed it: the prompt as sent (text or token ids), its
+    token ids and its params. Lowering ``max_tokens`` keeps it valid (``dataclasses.replace`` with params'
+    :meth:`~minserve.engine.sampling_params.SamplingParams.with_max_tokens`); nothing else should change it."""
+
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 class InputProcessor:
@@ -72,6 +89,14 @@ class InputProcessor:
                 f"{where}: {len(text)} characters cannot fit the context of {self.max_model_len} tokens "
                 f"(refused without tokenizing); shorten the prompt"
             )
+
+    def process(self, prompt: Prompt, params: SamplingParams, prompt_token_ids: list[int] | None = None) -> EngineInput:
+        """The one way in for a request: its prompt tokenized (unless ``prompt_token_ids`` are given, already
+        checked by :meth:`encode` or :meth:`encode_chat`) and the whole request checked (:meth:`check_fits`).
+        A bad request raises ``ValueError`` naming what to change."""
+        ids = self.encode(prompt) if prompt_token_ids is None else prompt_token_ids
+        self.check_fits(ids, params)
+        return EngineInput(prompt, ids, params)
 
     def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Refuse a request that could never run as asked: too long for the context, a prompt plus

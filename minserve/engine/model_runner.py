@@ -8,6 +8,7 @@ whose new tokens reach the end of what it has (a prefill chunk in the middle of 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,30 +24,36 @@ if TYPE_CHECKING:
     from minserve.engine.compilation import CompiledDecode
 
 
+@dataclass(frozen=True)
+class CacheShape:
+    """The paged KV cache a runner allocates, the same in every process of an engine: ``num_blocks`` blocks
+    of ``block_size`` tokens on the device, ``num_cpu_blocks`` in host memory for swapped-out sequences, and
+    the element ``dtype`` (``None``: the model's own). The block manager counts the same blocks; each rank
+    of a parallel engine gets this from rank 0 and allocates its own heads' or layers' share."""
+
+    num_blocks: int
+    block_size: int
+    num_cpu_blocks: int = 0
+    dtype: torch.dtype | None = None
+
+
 class ModelRunner:
-    def __init__(
-        self,
-        model: LlamaForCausalLM,
-        num_blocks: int,
-        block_size: int,
-        num_cpu_blocks: int = 0,
-        kv_cache_dtype: torch.dtype | None = None,
-        kv_scales: list[torch.Tensor] | None = None,
-    ) -> None:
-        """``kv_cache_dtype`` is the model's own by default; an 8-bit one (int8, float8_e4m3fn) needs each
-        layer's ``[2, num_kv_heads]`` ``kv_scales`` (see :mod:`minserve.model.kv_quant`). The cache holds the
-        layers ``model`` has: all of them, or a pipeline stage's."""
+    def __init__(self, model: LlamaForCausalLM, shape: CacheShape, kv_scales: list[torch.Tensor] | None = None) -> None:
+        """An 8-bit cache (``shape.dtype`` int8 or float8_e4m3fn) needs each layer's ``[2, num_kv_heads]``
+        ``kv_scales`` (see :mod:`minserve.model.kv_quant`). The cache holds the layers ``model`` has: all of
+        them, or a pipeline stage's."""
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.compiled: CompiledDecode | None = None  # set by compile_decode
-        self.block_size = block_size
+        self.cache_shape = shape
+        self.block_size = block_size = shape.block_size
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         config = model.config
-        self.kv_cache_dtype = kv_cache_dtype or self.dtype
+        self.kv_cache_dtype = shape.dtype or self.dtype
         self.kv_caches = allocate_kv_cache(
-            len(model.layers), num_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
-            self.device,
+            len(model.layers), shape.num_blocks, block_size, model.num_kv_heads, config.head_dim,
+            self.kv_cache_dtype, self.device,
         )  # fmt: skip
         model.set_kv_caches(self.kv_caches, kv_scales)
         # The tracer's split of a step into the forward pass and sampling: when set, ``execute`` notes the
@@ -55,10 +62,10 @@ class ModelRunner:
         self.sampling_started_s: float | None = None
         # Host memory for swapped-out sequences (pinned on a GPU machine, so copies can overlap compute).
         self.cpu_kv_caches = allocate_kv_cache(
-            len(model.layers), num_cpu_blocks, block_size, model.num_kv_heads, config.head_dim, self.kv_cache_dtype,
-            "cpu",
-        ) if num_cpu_blocks else []  # fmt: skip
-        if num_cpu_blocks and self.device.type == "cuda":
+            len(model.layers), shape.num_cpu_blocks, block_size, model.num_kv_heads, config.head_dim,
+            self.kv_cache_dtype, "cpu",
+        ) if shape.num_cpu_blocks else []  # fmt: skip
+        if shape.num_cpu_blocks and self.device.type == "cuda":
             self.cpu_kv_caches = [cache.pin_memory() for cache in self.cpu_kv_caches]
 
     @property

@@ -35,8 +35,9 @@ import torch.distributed as dist
 from torch import nn
 
 from minserve.config import EngineConfig
+from minserve.engine import model_setup
 from minserve.engine.model_runner import ModelRunner
-from minserve.engine.workers import ParallelGroup, ParallelRunner, load_rank_model, receive_cache_shape
+from minserve.engine.workers import ParallelGroup, ParallelRunner, receive_cache_shape
 from minserve.model.attention import AttentionMetadata
 from minserve.parallel.pipeline import PipelineStats, Span, StepTimeline, keep_stage
 
@@ -88,11 +89,9 @@ def stage_worker(rank: int, world_size: int, config: EngineConfig, device: torch
     """A worker rank's runner: the whole model built and calibrated as on rank 0, then cut to its stage,
     with a KV cache of rank 0's block count for its own layers. (So each rank holds the whole model for a
     moment while it starts: reading only its stage's tensors from the checkpoint is left to do.)"""
-    model, kv_dtype, scales = load_rank_model(config, device)
-    scales = cut_to_stage(model, scales, rank, world_size)
-    num_blocks, block_size, num_cpu_blocks = receive_cache_shape()
-    stage = PipelineStage.of(config, rank)
-    return StageRunner(model, num_blocks, block_size, num_cpu_blocks, kv_dtype, scales, stage=stage)
+    loaded = model_setup.load(config, device)
+    scales = cut_to_stage(loaded.model, loaded.kv_scales, rank, world_size)
+    return StageRunner(loaded.model, receive_cache_shape(), scales, stage=PipelineStage.of(config, rank))
 
 
 # --- micro-batches ---------------------------------------------------------------------------------------------

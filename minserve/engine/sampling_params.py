@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minserve.engine.structured import StructuredOutputs
 
@@ -18,9 +18,11 @@ MAX_LOGIT_BIAS = 100.0  # a logit_bias value lies in [-100, 100], as in OpenAI's
 ONE_CHOICE = "minserve returns one choice per request; send the request that many times (with different seeds)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
-    """Per-request generation settings, checked on construction.
+    """Per-request generation settings, checked on construction, and frozen: a change is a new object
+    (:meth:`with_max_tokens`, or :func:`dataclasses.replace`), checked again, so no one who holds a
+    request's params sees them change under it.
 
     ``temperature`` 0 means greedy. ``top_k`` 0 (or -1) and ``top_p`` 1 switch those filters off. A ``seed``
     makes a sampled request reproducible on its own, whatever else is in the batch. ``stop`` strings end the
@@ -60,10 +62,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputs | None = None  # a format the output must follow (JSON, regex, …)
 
     def __post_init__(self) -> None:
-        if self.stop is None:
-            self.stop = []
-        elif isinstance(self.stop, str):
-            self.stop = [self.stop]
+        if self.stop is None or isinstance(self.stop, str):  # one shape from here on: a list
+            object.__setattr__(self, "stop", [] if self.stop is None else [self.stop])
         _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "an integer ≥ 1", self.max_tokens)
         _check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "a number ≥ 0", self.temperature)
         _check(_is_int(self.top_k) and self.top_k >= -1, "top_k", "an integer ≥ 1, or 0/-1 for off", self.top_k)
@@ -128,6 +128,13 @@ class SamplingParams:
         _check(_is_int(self.n) and self.n == 1, "n", f"1: {ONE_CHOICE}", self.n)
         best_of = self.best_of
         _check(best_of is None or (_is_int(best_of) and best_of == 1), "best_of", f"None or 1: {ONE_CHOICE}", best_of)
+
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
+        """These params with ``max_tokens`` lowered to at most ``max_tokens`` (and ``min_tokens`` with it), as
+        the server's context clamp and its degraded modes lower it; ``self`` when nothing changes."""
+        if max_tokens >= self.max_tokens:
+            return self
+        return replace(self, max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
 
     @property
     def greedy(self) -> bool:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 
 from minserve.config import EngineConfig
+from minserve.engine import model_setup
 from minserve.engine.model_runner import ModelRunner
 from minserve.engine.workers import (
     COLLECTIVE_TIMEOUT_S,
     ParallelGroup,
     ParallelRunner,
     RankFailure,
-    load_rank_model,
     receive_cache_shape,
 )
 from minserve.parallel import Communicator
@@ -41,9 +41,8 @@ def start(config: EngineConfig, device: torch.device) -> ParallelGroup:
 
 def shard_worker(rank: int, world_size: int, config: EngineConfig, device: torch.device) -> ModelRunner:
     """A worker rank's runner: its shard of the model, with a KV cache of rank 0's shape for its KV heads."""
-    model, kv_dtype, scales = load_rank_model(config, device, Communicator(rank, world_size))
-    num_blocks, block_size, num_cpu_blocks = receive_cache_shape()
-    return ModelRunner(model, num_blocks, block_size, num_cpu_blocks, kv_dtype, scales)
+    loaded = model_setup.load(config, device, comm=Communicator(rank, world_size))
+    return ModelRunner(loaded.model, receive_cache_shape(), loaded.kv_scales)
 
 
 __all__ = ["COLLECTIVE_TIMEOUT_S", "ParallelGroup", "ParallelRunner", "RankFailure", "shard_worker", "start"]

@@ -45,18 +45,15 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from minserve.config import EngineConfig
-from minserve.engine.model_runner import ModelRunner
+from minserve.engine.model_runner import CacheShape, ModelRunner
 from minserve.engine.spawning import spawning_without_the_main_script
 from minserve.parallel import Communicator
-
-if TYPE_CHECKING:
-    from minserve.model.llama import LlamaForCausalLM
 
 COLLECTIVE_TIMEOUT_S = 120.0  # a collective that waits this long for a rank fails instead of hanging
 JOINING_KEY = "minserve/joining/"  # + rank: set in rank 0's store by a spawned worker on its way into the group
@@ -155,11 +152,12 @@ class ParallelGroup:
             raise
         return cls(Communicator(0, world_size), workers, runner_cls, config, name)
 
-    def runner(self, model, num_blocks: int, *cache: Any) -> ParallelRunner:
-        """Rank 0's executor; the workers learn the cache's shape from it and allocate theirs alike."""
+    def runner(self, model, shape: CacheShape, kv_scales: list[torch.Tensor] | None) -> ParallelRunner:
+        """Rank 0's executor; the workers learn the cache's shape from it and allocate theirs alike (each rank
+        measured its own heads' 8-bit scales)."""
         with self.watching():
-            send((num_blocks, *cache[:-1]))  # the block counts and dtype; each rank measured its own scales
-        return self.runner_cls(self, model, num_blocks, *cache)
+            send((shape,))
+        return self.runner_cls(self, model, shape, kv_scales)
 
     def gather(self, method: str, mine: Any, *args: Any) -> list:
         """Every rank's answer to ``runner.method(*args)``, in rank order; rank 0's own is ``mine``."""
@@ -276,28 +274,10 @@ def ignore_stop_signals() -> None:
         signal.signal(stop_signal, signal.SIG_IGN)
 
 
-def load_rank_model(
-    config: EngineConfig, device: torch.device, comm: Communicator | None = None
-) -> tuple[LlamaForCausalLM, torch.dtype, list[torch.Tensor] | None]:
-    """What a worker builds before its runner, as the engine does on rank 0: the model (this rank's shard,
-    with ``comm``), the KV cache's dtype and an 8-bit cache's scales (None otherwise)."""
-    from minserve.engine.model_setup import build_model, kv_scales
-    from minserve.model.kv_quant import resolve_kv_cache_dtype
-    from minserve.model.loader import load_config, resolve_dtype, resolve_model_path
-    from minserve.model.tokenizer import Tokenizer
-
-    model_dir = resolve_model_path(config.model)
-    tokenizer = Tokenizer(model_dir)
-    dtype = resolve_dtype(config.dtype, load_config(model_dir), device)
-    model = build_model(config, model_dir, device, dtype, tokenizer, comm)
-    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
-    return model, kv_dtype, kv_scales(model, tokenizer, kv_dtype, device)
-
-
-def receive_cache_shape() -> tuple[int, int, int]:
-    """The ``(num_blocks, block_size, num_cpu_blocks)`` rank 0 sends from :meth:`ParallelGroup.runner`."""
-    num_blocks, block_size, num_cpu_blocks, _ = receive()
-    return num_blocks, block_size, num_cpu_blocks
+def receive_cache_shape() -> CacheShape:
+    """The :class:`CacheShape` rank 0 sends from :meth:`ParallelGroup.runner`."""
+    (shape,) = receive()
+    return shape
 
 
 def send(message: tuple) -> None:

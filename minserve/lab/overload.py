@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 
 from minserve import slo
+from minserve.admission import AdmissionPolicy, DeadlineAware, QueueLength
 from minserve.bench import overload
 from minserve.bench.client import ClientConfig
 from minserve.bench.workload import WorkloadSpec
 from minserve.capacity.simulator import SchedulerConfig
-from minserve.engine.admission import AdmissionPolicy, DeadlineAware, QueueLength
 from minserve.serve.launch import MemorySampler, ServerProcess
 
 MEMORY_SAMPLE_S = 0.25  # how often the server's resident memory is read during a run

@@ -6,7 +6,7 @@
 No request can stop the server. Every request is checked before it reaches the engine and refused with an
 OpenAI-style 4xx body naming the field (:mod:`~minserve.serve.protocol`); the key and the body's size are
 checked before it is even parsed (:mod:`~minserve.serve.guard`). Tokenizing runs in a worker thread, so a
-long prompt never holds the event loop. Admission is a policy (:mod:`~minserve.engine.admission`): a request
+long prompt never holds the event loop. Admission is a policy (:mod:`~minserve.admission`): a request
 it refuses gets 429 at once, with a Retry-After predicted from the queue, and its decision is exact under any
 concurrency because the server reads the queue, decides and joins it in one synchronous stretch, no
 ``await`` between. Under heavy load, degraded modes (:mod:`~minserve.serve.degrade`) cap what each request
@@ -23,6 +23,7 @@ connections, idle ones closed (:mod:`~minserve.serve.connections`), and a watchd
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -36,9 +37,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from minserve.admission import QueueState, RequestFacts, make_admission, retry_after_header
 from minserve.config import ServerConfig
-from minserve.engine.admission import QueueState, RequestFacts, make_admission, retry_after_header
 from minserve.engine.async_engine import SHUTDOWN_TIMEOUT_S, AsyncLLMEngine, EngineDeadError
+from minserve.engine.input_processor import EngineInput
 from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import MIN_TIMEOUT_S, SamplingParams
 from minserve.serve import degrade
@@ -236,15 +238,15 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         if params.structured_outputs is not None:  # the first one builds the tokenizer's index (~1 s): not here
             await _off_the_loop(lambda: _refuse_invalid(lambda: engine.inputs.grammar(params)))
         if fills_context:
-            params.max_tokens = max(1, min(params.max_tokens, engine.max_model_len - len(ids)))
+            params = params.with_max_tokens(max(1, engine.max_model_len - len(ids)))
         reply.request_id = f"cmpl-{uuid.uuid4().hex}"
         reply.include_usage = bool(body.stream_options and body.stream_options.include_usage)
         # No await from here to add_request: the queue read, the decision and the join are one step of the
         # event loop, so no other request slips in between and every limit holds under any burst.
-        _refuse_invalid(lambda: engine.inputs.check_fits(ids, params))  # a 400 before any 429
-        degraded = _admit(len(ids), params, own_timeout_s)
+        checked = _refuse_invalid(lambda: engine.inputs.process(prompt, params, ids))  # a 400 before any 429
+        checked, degraded = _admit(checked, own_timeout_s)
         try:  # queued at once; the core stops it at its deadline, wherever it is
-            outputs = engine.add_request(prompt, params, reply.request_id, ids, arrival_s, body.priority, timeout_s)
+            outputs = engine.add_input(checked, reply.request_id, arrival_s, body.priority, timeout_s)
         except EngineDeadError as error:
             raise ApiError(503, str(error), code="engine_unavailable") from error
         except ValueError as error:
@@ -263,17 +265,20 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
             raise ApiError(500, final.error or "the request failed in the engine", code="engine_error", admitted=True)
         return JSONResponse(reply.body(final), headers=headers)
 
-    def _admit(num_prompt_tokens: int, params: SamplingParams, own_timeout_s: float | None) -> bool:
-        """Admit the request or raise its 429; return whether degraded modes were applied to it (they may
-        lower ``params.max_tokens``). Synchronous: the caller joins the queue right after."""
+    def _admit(request: EngineInput, own_timeout_s: float | None) -> tuple[EngineInput, bool]:
+        """Admit the request or raise its 429; return it as admitted (degraded modes may lower its
+        ``max_tokens``, which keeps it valid) and whether those modes were applied. Synchronous: the caller
+        joins the queue right after."""
         queue, degraded = observe_load()
-        refusal = degrader.apply(num_prompt_tokens, params, queue) if degraded else None
-        facts = RequestFacts(num_prompt_tokens, params.max_tokens, own_timeout_s)
+        params, refusal = request.params, None
+        if degraded:
+            params, refusal = degrader.apply(request.num_prompt_tokens, params, queue)
+        facts = RequestFacts(request.num_prompt_tokens, params.max_tokens, own_timeout_s)
         refusal = refusal or admission.decide(facts, queue)
         if refusal is not None:
             retry_after = retry_after_header(refusal.retry_after_s, config.retry_after_s)
             raise ApiError(429, refusal.message, code=refusal.reason, headers={"Retry-After": retry_after})
-        return degraded
+        return dataclasses.replace(request, params=params), degraded
 
     async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput], timeout_message: str) -> AsyncIterator[str]:
         first = True

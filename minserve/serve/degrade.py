@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from minserve.engine.admission import QueueState, Refusal
+from minserve.admission import QueueState, Refusal
 from minserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -98,23 +98,26 @@ class Degrader:
             self.on_change(self.switch.active)
         return self.switch.active
 
-    def apply(self, prompt_tokens: int, params: SamplingParams, queue: QueueState) -> Refusal | None:
-        """While degraded: cap ``params.max_tokens`` (in place) to the cap and to what the shorter context
-        leaves after the prompt; refuse a prompt the shorter context cannot hold (429: come back when the
-        load has fallen; ``retry_after_s`` is the time to prefill what is queued now). Normal: nothing."""
+    def apply(
+        self, prompt_tokens: int, params: SamplingParams, queue: QueueState
+    ) -> tuple[SamplingParams, Refusal | None]:
+        """While degraded: ``params`` with ``max_tokens`` capped to the cap and to what the shorter context
+        leaves after the prompt, or a refusal of a prompt the shorter context cannot hold (429: come back
+        when the load has fallen; ``retry_after_s`` is the time to prefill what is queued now). Normal:
+        ``params`` as they came, and no refusal."""
         if not self.active:
-            return None
+            return params, None
         modes = self.modes
         if modes.max_tokens is not None:
-            params.max_tokens = min(params.max_tokens, modes.max_tokens)
+            params = params.with_max_tokens(modes.max_tokens)
         if modes.max_model_len is not None:
             room = modes.max_model_len - prompt_tokens
             if room < 1:
                 message = (f"the server is under heavy load and serves contexts of at most {modes.max_model_len} "
                            f"tokens for now; this prompt has {prompt_tokens}. Retry later, or shorten it")  # fmt: skip
-                return Refusal("degraded_context", queue.rates.prefill_s(queue.queued_prompt_tokens), message)
-            params.max_tokens = min(params.max_tokens, room)
-        return None
+                return params, Refusal("degraded_context", queue.rates.prefill_s(queue.queued_prompt_tokens), message)
+            params = params.with_max_tokens(room)
+        return params, None
 
 
 def make_degrader(config: ServerConfig, set_speculation: Callable[[bool], None]) -> Degrader | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minserve.engine.admission import QueueState
+from minserve.admission import QueueState
 from minserve.engine.engine import EngineStats
 from minserve.engine.outputs import RequestOutput
 from minserve.serve.protocol import finish_reason

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from minserve.admission import make_admission
 from minserve.config import EngineConfig, ServerConfig
-from minserve.engine.admission import make_admission
 from minserve.engine.async_engine import AsyncLLMEngine
 from minserve.serve.api import create_app
 from minserve.serve.connections import OncePerMinute, protocol_class

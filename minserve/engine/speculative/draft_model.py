@@ -19,7 +19,7 @@ import torch
 
 from minserve.engine.batch import ScheduledBatch
 from minserve.engine.block_manager import BlockManager
-from minserve.engine.model_runner import ModelRunner
+from minserve.engine.model_runner import CacheShape, ModelRunner
 from minserve.engine.outputs import RequestMetrics
 from minserve.engine.sampler import SamplingError
 from minserve.engine.sampling_params import SamplingParams
@@ -53,7 +53,7 @@ class DraftModelProposer:
         draft.set_backend(resolve_backend(backend, next(draft.parameters()).device))
         self.num_speculative_tokens = num_speculative_tokens
         self.max_len = draft.config.max_position_embeddings
-        self.runner = ModelRunner(draft, num_blocks, block_size, 0)
+        self.runner = ModelRunner(draft, CacheShape(num_blocks, block_size))
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self._shadows: dict[Sequence, Sequence] = {}  # target sequence → its shadow
 

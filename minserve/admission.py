@@ -9,8 +9,8 @@ A policy is one small idea, as a scheduling policy is (:mod:`minserve.engine.pol
 ``decide(request, queue) → None`` (admit) or a :class:`Refusal` saying why and when to come back. It reads
 only the two facts objects below, so it is tested on synthetic queues without a server, the simulator
 (:mod:`minserve.capacity.simulator`) runs the same policies the server does, and chapter 09's exercise
-plugs its own in (``ServerConfig(admission=MyPolicy())``). It lives beside the engine, not in the server,
-for that reason: the server and the simulator both reach it here.
+plugs its own in (``ServerConfig(admission=MyPolicy())``). It is a layer of its own, under the server and
+the simulator alike, for that reason: both import it, and neither imports the other.
 
 * :class:`QueueLength`: at most ``max_waiting_requests`` waiting. Simple, and blind to how long each one is.
 * :class:`TokenBudget`: at most ``max_queued_prompt_tokens`` prompt tokens queued: the prefill work ahead.
