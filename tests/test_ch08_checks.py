@@ -182,6 +182,20 @@ def test_prefix_reuse_caches_the_shared_prefix_and_keeps_the_tokens(plain, tmp_p
     assert table.loc["torch.compile (batch 1)", "ratio"] == 2.0
 
 
+def test_amdahl_from_the_profile_predicts_what_prefix_reuse_buys_end_to_end(plain):
+    assert levers.amdahl_speedup(0.9, 10.0) == pytest.approx(1 / 0.19)
+    prompts = levers.shared_prefix_prompts(4, 256, 8, plain.model_config.vocab_size)
+    uncached = _engine(enable_prefix_caching=False)
+    profile = speculation.phase_table({"system prompt": levers.one_at_a_time(uncached, prompts, greedy(4))})
+    runs = levers.prefix_reuse_runs(_engine(enable_prefix_caching=True), uncached, prompts, 4)
+    lever = levers.prefix_reuse_lever(runs)
+    result = speculation_checks.check_amdahl(profile, "system prompt", lever, runs, band=(0.6, 1.4))
+    assert result["measured"] > 1.5 and result["share"] > 0.5
+    misplaced = profile.assign(**{"prefill share": 0.05})  # the time put in decode: Amdahl predicts ~1.05×
+    with pytest.raises(AssertionError, match="Amdahl's law from the profile"):
+        speculation_checks.check_amdahl(misplaced, "system prompt", lever, runs, band=(0.6, 1.4))
+
+
 def test_acceptance_by_position_counts_only_the_positions_reached():
     from minserve.capacity.speculation_runs import acceptance_by_position
     from minserve.trace import TraceEvent

@@ -82,17 +82,43 @@ def mean_ttft_s(outputs: Sequence[RequestOutput]) -> float:
     return sum(o.metrics.ttft_s or 0.0 for o in outputs) / len(outputs)
 
 
-def prefix_reuse(with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int) -> Lever:
-    """Mean TTFT of ``prompts`` sent one at a time, with the prefix cache and without (after one warm-up
-    request each, which also fills the cache with the shared prefix, as an earlier user would have)."""
+def prefix_reuse_runs(
+    with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int
+) -> dict[str, list[RequestOutput]]:
+    """``prompts`` sent one at a time, with the prefix cache (``"with"``) and without (``"without"``), after
+    one warm-up request each, which also fills the cache with the shared prefix, as an earlier user would
+    have."""
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     runs = {}
     for label, llm in (("with", with_cache), ("without", without_cache)):
         one_at_a_time(llm, prompts[:1], params)
         runs[label] = one_at_a_time(llm, prompts[1:], params)
+    return runs
+
+
+def prefix_reuse_lever(runs: dict[str, list[RequestOutput]]) -> Lever:
+    """The prefix cache as a lever: mean TTFT without and with it (:func:`prefix_reuse_runs`)."""
     cached = sum(o.num_cached_tokens for o in runs["with"]) / len(runs["with"])
+    prompt_tokens = len(runs["with"][0].prompt_token_ids)
     return Lever(
         "prefix reuse", "prefill", "mean TTFT (s)", mean_ttft_s(runs["without"]), mean_ttft_s(runs["with"]),
         [o.token_ids for o in runs["with"]] == [o.token_ids for o in runs["without"]],
-        f"{cached:.0f} of {len(prompts[1])} prompt tokens cached per request",
+        f"{cached:.0f} of {prompt_tokens} prompt tokens cached per request",
     )  # fmt: skip
+
+
+def prefix_reuse(with_cache: LLM, without_cache: LLM, prompts: Sequence[list[int]], num_tokens: int) -> Lever:
+    """:func:`prefix_reuse_runs`, read as a :class:`Lever`."""
+    return prefix_reuse_lever(prefix_reuse_runs(with_cache, without_cache, prompts, num_tokens))
+
+
+def mean_e2e_s(outputs: Sequence[RequestOutput]) -> float:
+    return sum(o.metrics.e2e_s or 0.0 for o in outputs) / len(outputs)
+
+
+def amdahl_speedup(phase_share: float, phase_speedup: float) -> float:
+    """Amdahl's law: a request whose ``phase_share`` of latency gets ``phase_speedup``× faster, and the rest
+    not at all, gets ``1 / ((1 − share) + share / speedup)``× faster end to end; at most ``1 / (1 − share)``."""
+    if not 0 <= phase_share <= 1 or phase_speedup <= 0:
+        raise ValueError(f"need 0 ≤ phase_share ≤ 1 and phase_speedup > 0, got {phase_share} and {phase_speedup}")
+    return 1 / ((1 - phase_share) + phase_share / phase_speedup)

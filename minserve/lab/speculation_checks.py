@@ -6,7 +6,8 @@ property, and returns the numbers it compared. Each fails on an engine without t
 one that resamples from p fails :func:`check_verifier_distribution`, a sampler shifted by speculation fails
 :func:`check_sampled_distribution`, a speculative step that costs k + 1 plain ones fails
 :func:`check_speedup`, a verification whose cost does not grow with the batch fails
-:func:`check_falls_with_batch`, and a profile whose dominant phase is not the one named fails :func:`check_profile`.
+:func:`check_falls_with_batch`, a profile whose dominant phase is not the one named fails
+:func:`check_profile`, and one that puts the time in the wrong phase fails :func:`check_amdahl`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import pandas as pd
 
+from minserve.capacity.levers import Lever, amdahl_speedup, mean_e2e_s
 from minserve.capacity.speculation_runs import SpeculationPoint
+from minserve.engine.outputs import RequestOutput
 from minserve.lab.checks import require
 from minserve.quality import chi_square_test, chi_square_two_sample
 
@@ -32,6 +35,32 @@ def check_profile(table: pd.DataFrame, dominant: Mapping[str, str], share: float
             shares[workload] > share, f"{workload}: {phase} took {shares[workload]:.0%} of latency, not > {share:.0%}"
         )
     return shares
+
+
+def check_amdahl(
+    table: pd.DataFrame,
+    workload: str,
+    lever: Lever,
+    runs: Mapping[str, Sequence[RequestOutput]],
+    band: tuple[float, float] = (0.8, 1.2),
+) -> dict[str, float]:
+    """The profile predicts what a lever buys: with ``workload``'s share of latency in the lever's phase
+    (from ``table``, :func:`~minserve.lab.speculation.phase_table`) and the lever's measured speedup of that
+    phase, Amdahl's law gives the end-to-end speedup; the one measured (mean E2E of ``runs["without"]``
+    over ``runs["with"]``) lies within ``band`` × that prediction. A profile that put the time in the wrong
+    phase (a TTFT stamped too early, say) predicts the wrong gain."""
+    prefill = float(table.loc[workload, "prefill share"])
+    share = prefill if lever.phase == "prefill" else 1 - prefill
+    predicted = amdahl_speedup(share, lever.ratio)
+    measured = mean_e2e_s(runs["without"]) / mean_e2e_s(runs["with"])
+    ratio = measured / predicted
+    require(
+        band[0] <= ratio <= band[1],
+        f"{lever.lever} on {workload}: {measured:.2f}× end to end, Amdahl's law from the profile "
+        f"({share:.0%} in {lever.phase}, that phase {lever.ratio:.1f}× faster) predicts {predicted:.2f}× "
+        f"(ratio {ratio:.2f}, outside {band})",
+    )
+    return {"share": share, "phase_speedup": lever.ratio, "predicted": predicted, "measured": measured}
 
 
 def check_greedy_identity(points: Sequence[SpeculationPoint]) -> dict[str, Any]:
