@@ -90,13 +90,23 @@ def edit_requests(encode_chat: ChatEncoder, num_prompts: int, seed: int) -> list
 
 def acceptance_rate(llm: LLM, prompts: list, params: SamplingParams) -> float:
     """α on ``prompts``, generated together by the speculative ``llm``: drafts kept over drafts run."""
-    core = llm.engine.core
-    drafted, accepted = core.num_draft_tokens, core.num_accepted_tokens
+    before = _draft_counts(llm.engine.core)
     llm.generate(prompts, params)
-    drafted, accepted = core.num_draft_tokens - drafted, core.num_accepted_tokens - accepted
-    if not drafted:
+    alpha = _acceptance_since(llm.engine.core, before)
+    if alpha is None:
         raise ValueError("no draft was run on these prompts: α is undefined")
-    return accepted / drafted
+    return alpha
+
+
+def _draft_counts(core: Any) -> tuple[int, int]:
+    """The drafts an engine core has run and kept since it started."""
+    return core.num_draft_tokens, core.num_accepted_tokens
+
+
+def _acceptance_since(core: Any, before: tuple[int, int]) -> float | None:
+    """α over the drafts run since ``before`` (:func:`_draft_counts`); ``None`` where none were run."""
+    drafted, accepted = (now - then for now, then in zip(_draft_counts(core), before))
+    return accepted / drafted if drafted else None
 
 
 def greedy(num_tokens: int) -> SamplingParams:
@@ -214,12 +224,12 @@ def compare(
     _generate(llm, prompts[:2], params, batch)  # warm-up, as the plain run had
     runner = getattr(core.proposer, "runner", None)  # a draft model's, or none for prompt lookup
     timer = ForwardTimer(runner) if runner is not None else None
-    drafted, accepted = core.num_draft_tokens, core.num_accepted_tokens
+    before = _draft_counts(core)
     spec = timed_run(llm, prompts, params, batch, warm_up=False, rounds=rounds)
     if runner is not None:
         runner.execute = timer._execute  # type: ignore[union-attr]
-    drafted, accepted = core.num_draft_tokens - drafted, core.num_accepted_tokens - accepted
-    alpha = accepted / drafted if drafted else 0.0
+    alpha = _acceptance_since(core, before)
+    alpha = 0.0 if alpha is None else alpha
     cost = timer.forward_s / plain.step_s if timer else 0.0
     draft_s = timer.seconds / rounds if timer else 0.0  # a round's drafting, on average
     verify_s = (spec.seconds - draft_s) / max(spec.steps, 1)

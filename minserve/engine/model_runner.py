@@ -45,7 +45,6 @@ class ModelRunner:
         self.model = model
         self.graphs: DecodeGraphs | None = None  # set by capture_decode_graphs, on CUDA only
         self.compiled: CompiledDecode | None = None  # set by compile_decode
-        self.cache_shape = shape
         self.block_size = block_size = shape.block_size
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype

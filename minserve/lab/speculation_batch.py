@@ -41,8 +41,11 @@ class StopPrediction:
     acceptance: float
     k: int
     context_tokens: int
-    critical_batch: float
     stop_batch: int
+
+    @property
+    def critical_batch(self) -> float:
+        return critical_batch_size(self.hardware, self.hardware.dtype)
 
     @property
     def tokens_per_step(self) -> float:
@@ -58,7 +61,7 @@ def predict(
 ) -> StopPrediction:
     """Where the roofline says prompt lookup stops paying, from an α measured elsewhere."""
     stop = roofline_stop_paying_batch(model, hw, acceptance, k, context_tokens, max_batch=max_batch)
-    return StopPrediction(model, hw, acceptance, k, context_tokens, critical_batch_size(hw, hw.dtype), stop)
+    return StopPrediction(model, hw, acceptance, k, context_tokens, stop)
 
 
 def sweep_batches(stop_batch: int, max_batch: int = 32) -> tuple[int, ...]:
