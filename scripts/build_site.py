@@ -32,6 +32,7 @@ import hashlib
 import html
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -77,13 +78,45 @@ def kernel_config() -> Config:
     return config
 
 
+class _SlicedReplyClient(NotebookClient):
+    """nbclient that waits for the kernel's messages in one-second polls rather than one long poll.
+
+    pyzmq's asyncio poll can miss the wake-up for a message that has already arrived; it then finds it only
+    when the poll's own timeout fires, so a 0.1 s cell was seen to cost the whole 300 s cell timeout (and
+    output, polled with no timeout at all, could wait for ever). Short polls bound that to a second; a cell's
+    deadline is unchanged.
+    """
+
+    async def async_start_new_kernel_client(self):  # type: ignore[override]
+        client = await super().async_start_new_kernel_client()
+        for channel in (client.shell_channel, client.iopub_channel):
+            channel.get_msg = _in_slices(channel.get_msg)
+        return client
+
+
+def _in_slices(get_msg, slice_s: float = 1.0):
+    """Wrap an async ``get_msg(timeout=…)`` so it polls at most ``slice_s`` at a time until its deadline."""
+
+    async def get_msg_in_slices(timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = slice_s if deadline is None else max(0.0, min(slice_s, deadline - time.monotonic()))
+            try:
+                return await get_msg(timeout=left)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    return get_msg_in_slices
+
+
 def execute_notebook(source: Path, target: Path, cell_timeout_s: int) -> None:
     """Run ``source`` in a fresh kernel, with the explorers' grid cell last; keep it raw, then draw the page."""
     for attempt in (1, 2):
         nb = nbformat.read(source, as_version=4)
         grids_path = Path(tempfile.mkstemp(prefix="minserve-grids-", suffix=".json")[1])
         nb.cells.append(nbformat.v4.new_code_cell(grid_cell_source(grids_path)))
-        client = NotebookClient(
+        client = _SlicedReplyClient(
             nb,
             timeout=cell_timeout_s,
             kernel_name="python3",
