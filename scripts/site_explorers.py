@@ -2,9 +2,10 @@
 
 A widget needs a Python kernel to answer; the site has none. Two ways round it, one per kind of explorer:
 
-* ``model``: the answer is arithmetic (the speculation formula, the KV-cache calculator). The page evaluates
-  the same arithmetic in JavaScript (docs/javascripts/explorers.js), from the numbers exported here out of
-  :mod:`minserve.capacity` when the site is built, so any value of the controls works.
+* ``model``: the answer is arithmetic (the speculation formula, the KV-cache calculator, the roofline). The
+  page evaluates the same arithmetic in JavaScript (docs/javascripts/explorers.js), from the numbers exported
+  out of :mod:`minserve.capacity` when the site is built (a widget with a ``page_data`` attribute exports its
+  own, this machine's measured roofs among them), so any value of the controls works.
 * ``grid``: the answer needs the engine or the chapter's own data (the scheduling playground's simulations,
   a trace's requests, a measured table). The build sets the live explorer's controls to each point of a
   small grid in the chapter's kernel (scripts/site_grid_kernel.py) and records its readouts; the page's
@@ -36,7 +37,7 @@ class Explorer:
 EXPLORERS: dict[str, Explorer] = {
     "slo-thresholds": Explorer("grid", ("TTFT ms", "TPOT ms"), max_points=400),
     "stage-timeline": Explorer("grid", ("request",), max_points=200),
-    "roofline": Explorer("grid", ("model", "hardware", "batch", "context"), max_points=200),
+    "roofline": Explorer("model", ("model", "hardware", "batch", "context")),
     "kv-calculator": Explorer("model", ("model", "context", "batch", "weights", "KV cache", "GPU")),
     "scheduling-playground": Explorer("grid", ("policy", "rate req/s", "chunked prefill", "KV blocks"), 48),
     "parallel-planner": Explorer("grid", ("model", "GPU", "GPUs", "link", "batch", "context"), max_points=60),
@@ -62,11 +63,10 @@ MODEL_NOTE = (
 
 
 def grid_specs() -> dict[str, dict[str, Any]]:
-    """What the kernel-side grid maker needs, as plain JSON."""
+    """What the kernel side needs, as plain JSON: every explorer, to find; a grid for the ``grid`` ones."""
     return {
-        name: {"controls": list(e.controls), "max_points": e.max_points}
+        name: {"controls": list(e.controls), "max_points": e.max_points, "mode": e.mode}
         for name, e in EXPLORERS.items()
-        if e.mode == "grid"
     }
 
 
@@ -88,8 +88,9 @@ def match(model_id: str, state: dict[str, dict]) -> str | None:
 
 def explorer_data(name: str, model_id: str, state: dict[str, dict], grid: dict[str, Any] | None) -> dict | None:
     """The JSON a page's explorer reads: its built grid, or the numbers its model needs. None: not live."""
-    if EXPLORERS[name].mode == "model":
-        return MODEL_DATA.get(name, dict)()
+    if EXPLORERS[name].mode == "model":  # the numbers the live widget itself gave (its own models), else ours
+        built = (grid or {}).get("page_data")
+        return built if built is not None else MODEL_DATA.get(name, dict)()
     if not grid or "error" in grid:
         return None
     start, kinds = _start(model_id, state, grid), _models(model_id, state)
@@ -180,7 +181,14 @@ def kv_calculator_data() -> dict[str, Any]:
     }
 
 
-MODEL_DATA = {"kv-calculator": kv_calculator_data}
+def roofline_data() -> dict[str, Any]:
+    """The roofline's terms for the preset models and accelerators (a chapter's own widget adds its own)."""
+    from minserve.lab.roofline_widget import roofline_page_data
+
+    return roofline_page_data()
+
+
+MODEL_DATA = {"kv-calculator": kv_calculator_data, "roofline": roofline_data}
 
 
 def wrap(name: str, body: str, data: dict[str, Any]) -> str:

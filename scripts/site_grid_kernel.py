@@ -17,7 +17,8 @@ import time
 
 
 def site_grids(specs, out_path, budget_s=90.0):
-    """``specs``: ``{name: {"controls": [description…], "max_points": n}}``. Writes ``{model_id: grid}``.
+    """``specs``: ``{name: {"controls": [description…], "max_points": n, "mode": "grid" or "model"}}``. Writes
+    ``{model_id: grid}``, or ``{model_id: {"page_data": …}}`` for a ``model`` explorer that exports its numbers.
 
     Past ``budget_s`` seconds in all, no more points are visited (a grid cut short says so), so the cell
     stays well inside the build's cell timeout whatever the machine's load.
@@ -32,6 +33,10 @@ def site_grids(specs, out_path, budget_s=90.0):
         matches = [b for b in boxes if sorted({c.description for c in _controls(b)}) == sorted(spec["controls"])]
         inner = {id(d) for b in matches for d in _descendants(b)}
         for box in (b for b in matches if id(b) not in inner):  # the outermost box of each explorer
+            if spec["mode"] == "model":  # the page does the arithmetic: it needs only the widget's own numbers
+                if hasattr(box, "page_data"):
+                    found[box.model_id] = {"explorer": name, "page_data": box.page_data}
+                continue
             try:
                 found[box.model_id] = {"explorer": name, **_grid(box, spec["max_points"], deadline)}
             except Exception as error:  # reported by the build; it never fails the chapter

@@ -59,7 +59,76 @@
              status: `${v["model"]}, ${batch} × ${context} tokens on ${v["GPU"]}: computed in this page` };
   }
 
-  const MODELS = { "speculation": speculation, "kv-calculator": kvCalculator };
+  // Python's format(x, ".3g"): `digits` significant digits, trailing zeros dropped, exponent from 1e-4 / 1e+digits.
+  function formatG(x, digits) {
+    if (x === 0 || !isFinite(x)) return String(x);
+    const exponent = Number(x.toExponential(digits - 1).split("e")[1]);  // after rounding to `digits`
+    if (exponent < -4 || exponent >= digits) {
+      const [mantissa, e] = x.toExponential(digits - 1).split("e");
+      const m = mantissa.includes(".") ? mantissa.replace(/0+$/, "").replace(/\.$/, "") : mantissa;
+      return `${m}e${e[0] === "-" ? "-" : "+"}${String(Math.abs(Number(e))).padStart(2, "0")}`;
+    }
+    const fixed = x.toFixed(Math.max(0, digits - 1 - exponent));
+    return fixed.includes(".") ? fixed.replace(/0+$/, "").replace(/\.$/, "") : fixed;
+  }
+
+  // minserve.lab.roofline_widget.format_seconds.
+  function formatSeconds(s) {
+    for (const [unit, scale] of [["s", 1], ["ms", 1e-3], ["µs", 1e-6]]) {
+      if (Math.abs(s) >= scale) return unit === "s" ? `${formatG(s / scale, 3)} ${unit}` : `${(s / scale).toFixed(2)} ${unit}`;
+    }
+    return `${(s * 1e9).toFixed(1)} ns`;
+  }
+
+  const thousands = (x, digits) => x.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+
+  // Chapter 03: minserve.lab.roofline_widget.roofline_explorer_result, from the terms the build exported
+  // (roofline_page_data): a step's time is max(FLOPs / peak, bytes / bandwidth), whichever roof binds.
+  function roofline(v, data) {
+    const m = data.models[v["model"]], hw = data.hardware[v["hardware"]];
+    if (!m || !hw) return { status: `${v["model"]} on ${v["hardware"]} is predicted in JupyterLab only (make lab)` };
+    const batch = parseInt(v["batch"], 10), context = parseInt(v["context"], 10);
+    if (!(batch >= 1 && context >= 1)) {
+      return { readouts: [`<p style='color:#D55E00'>batch and context must be positive, got ${v["batch"]} and ${v["context"]}</p>`],
+               status: "" };
+    }
+    const bytesPer = data.dtype_bytes[hw.dtype];
+    // A pass of `tokens` tokens reads every dense matrix once and, in a sparse layer, the experts some token
+    // chose: E·(1 − (1 − k/E)^tokens) of them (minserve.capacity.roofline.experts_touched).
+    const touched = (tokens) => (m.sparse_layers ? m.experts * (1 - (1 - m.experts_per_token / m.experts) ** tokens) : 0);
+    const weightsRead = (tokens) => Math.round((m.read_params_fixed + m.sparse_layers * touched(tokens) * m.expert_params
+                                                + m.head_params) * bytesPer);
+    // Causal query-key pairs of the last `queries` of `n` tokens, each key seen within the sliding window.
+    const visible = (n) => (m.window === null || n <= m.window ? n * (n + 1) / 2 : m.window * (m.window + 1) / 2 + (n - m.window) * m.window);
+    const pairs = (queries, n) => visible(n) - visible(n - queries);
+    const kvPerToken = m.kv_elements_per_token * bytesPer;
+    const step = (flops, bytes) => {
+      const compute = flops / hw.peak, memory = bytes / hw.bandwidth;
+      return { flops, bytes, compute, memory, time: Math.max(compute, memory), bound: compute >= memory ? "compute" : "memory" };
+    };
+    const decode = step(batch * (m.flops_per_token + m.attention_flops_per_pair * pairs(1, context)),
+                        weightsRead(batch) + batch * context * kvPerToken);
+    const prefill = step(2 * m.matmul_params * context + 2 * m.head_params + m.attention_flops_per_pair * pairs(context, context),
+                         weightsRead(context) + context * kvPerToken);
+    const ridge = hw.peak / hw.bandwidth, needed = m.params * bytesPer + context * batch * kvPerToken;
+    const rows = [
+      ["decode step", formatSeconds(decode.time)],
+      ["  of which compute / memory", `${formatSeconds(decode.compute)} / ${formatSeconds(decode.memory)}`],
+      ["decode intensity / ridge", `${formatG(decode.flops / decode.bytes, 3)} / ${formatG(ridge, 3)} FLOP/byte`],
+      ["tokens/s, whole batch", thousands(batch / decode.time, 0)],
+      ["tokens/s, each sequence", thousands(1 / decode.time, 1)],
+      ["critical batch", (ridge * bytesPer / 2).toFixed(0)],
+      [`prefill of ${context} tokens`, `${formatSeconds(prefill.time)} (${prefill.bound}-bound)`],
+      ["weights + KV / memory", `${(needed / 1e9).toFixed(1)} / ${(hw.memory / 1e9).toFixed(0)} GB`],
+    ];
+    const body = rows.map(([k, x]) => `<tr><td style='padding:0 12px'>${k}</td><td style='text-align:right'>${x}</td></tr>`);
+    const colour = decode.bound === "compute" ? "#009E73" : "#0072B2";
+    let html = `<table>${body.join("")}</table><p style='color:${colour};font-weight:bold'>decode is ${decode.bound}-bound on ${hw.name} in ${hw.dtype}</p>`;
+    if (needed > hw.memory) html += "<p style='color:#D55E00'>the weights and this batch's KV cache do not fit in memory</p>";
+    return { readouts: [html], status: `${v["model"]}, batch ${batch} at ${context} tokens on ${hw.name}: computed in this page` };
+  }
+
+  const MODELS = { "speculation": speculation, "kv-calculator": kvCalculator, "roofline": roofline };
 
   // --- the built grid: the controls' positions name a point; its readouts were recorded at build time --------
 

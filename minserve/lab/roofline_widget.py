@@ -12,8 +12,9 @@ from typing import Any
 import ipywidgets as widgets
 
 from minserve import capacity
-from minserve.capacity.kv import Dtype, ModelLike
-from minserve.capacity.roofline import Hardware
+from minserve.capacity.kv import DTYPE_BYTES, Dtype, ModelLike
+from minserve.capacity.memory import estimate_params, expert_params
+from minserve.capacity.roofline import Hardware, decoder_matmul_params, decoder_read_params, lm_head_params
 from minserve.lab.roofline_tables import GPUS, resolve_hardware
 from minserve.lab.theme import SLO_COLOR
 
@@ -130,4 +131,53 @@ def roofline_explorer(
     for control in controls:
         control.observe(update, names="value")
     update()
-    return widgets.VBox([*controls, readout])
+    box = widgets.VBox([*controls, readout])
+    box.page_data = roofline_page_data(extra_models, extra_hw)  # for the built site, which has no kernel
+    return box
+
+
+def roofline_page_data(
+    models: Mapping[str, ModelLike] | None = None, hardware: Mapping[str, Hardware] | None = None
+) -> dict[str, Any]:
+    """The terms a page needs to evaluate :func:`roofline_explorer_result` itself, for every model and
+    accelerator the explorer offers (docs/javascripts/explorers.js does the arithmetic; the site test holds
+    its readout to :func:`explorer_summary_html`'s).
+
+    Per model: FLOPs a token's matmuls do (``flops_per_token``), attention FLOPs per query-key pair over all
+    layers (``attention_flops_per_pair``), the sliding window, the weights a pass reads with no expert
+    (``read_params_fixed``) and what each expert adds in each sparse layer, the parameters in memory, and the
+    KV elements a token keeps. Per accelerator: its roofs, memory and dtype.
+    """
+    named = {**dict(models or {}), **{name: name for name in capacity.MODEL_PRESETS}}
+    return {
+        "models": {name: _model_terms(capacity.model_config(model)) for name, model in named.items()},
+        "hardware": {
+            name: {
+                "name": hw.name,
+                "peak": hw.peak_flops_per_s,
+                "bandwidth": hw.memory_bandwidth_bytes_per_s,
+                "memory": hw.memory_bytes,
+                "dtype": hw.dtype,
+            }
+            for name in [*GPUS, *(hardware or {})]
+            for hw in [resolve_hardware(name, hardware)]
+        },
+        "dtype_bytes": dict(DTYPE_BYTES),
+    }
+
+
+def _model_terms(config: capacity.ModelConfig) -> dict[str, Any]:
+    return {
+        "flops_per_token": capacity.flops_per_token(config),
+        "attention_flops_per_pair": 4 * config.num_heads * config.head_dim * config.num_layers,
+        "window": config.sliding_window,
+        "matmul_params": decoder_matmul_params(config),
+        "head_params": lm_head_params(config),
+        "read_params_fixed": decoder_read_params(config, tokens=0),
+        "sparse_layers": len(config.moe_layers),
+        "experts": config.num_experts,
+        "experts_per_token": config.num_experts_per_tok,
+        "expert_params": expert_params(config) if config.moe_layers else 0,
+        "params": estimate_params(config),
+        "kv_elements_per_token": capacity.kv_bytes_per_token(config, 1),
+    }

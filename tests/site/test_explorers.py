@@ -105,3 +105,32 @@ def test_the_kv_calculator_in_the_page_agrees_with_minserve(page, site_url: str,
     # Both through the browser's own HTML serialisation, so quoting cannot differ.
     want = page.evaluate("h => Object.assign(document.createElement('div'), {innerHTML: h}).innerHTML", python)
     assert explorer.locator(".minserve-widget-readout").inner_html() == want
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"model": "Qwen3-30B-A3B", "hardware": "H200", "batch": "64", "context": "4096"},  # experts touched
+        {"model": "Mistral-7B", "hardware": "L4", "batch": "3", "context": "32768"},  # sliding window; no fit
+        {"model": "Llama-3-70B", "hardware": "H200", "batch": "512", "context": "1000"},  # compute-bound
+    ],
+)
+def test_the_roofline_in_the_page_agrees_with_minserve(page, site_url: str, setting: dict[str, str]) -> None:
+    """The page's roofline (explorers.js) against minserve.capacity's, at settings the chapter never ran."""
+    from minserve.lab.roofline_widget import explorer_summary_html, roofline_explorer_result
+
+    page.goto(f"{site_url}chapters/03_prefill_vs_decode/")
+    explorer = page.locator('.minserve-explorer[data-explorer="roofline"]')
+    page.wait_for_function("e => e.dataset.ready === 'true'", arg=explorer.element_handle(), timeout=30_000)
+    for name, value in setting.items():
+        control = explorer.locator(f'[data-control="{name}"]')
+        if control.evaluate("e => e.tagName") == "SELECT":
+            control.select_option(label=value)
+        else:
+            control.fill(value)
+    python = explorer_summary_html(
+        roofline_explorer_result(setting["model"], setting["hardware"], int(setting["batch"]), int(setting["context"]))
+    )
+    want = page.evaluate("h => Object.assign(document.createElement('div'), {innerHTML: h}).innerHTML", python)
+    assert explorer.locator(".minserve-widget-readout").inner_html() == want
+    assert "computed in this page" in explorer.locator(".minserve-explorer-status").inner_text()
