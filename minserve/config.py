@@ -64,8 +64,8 @@ class EngineConfig:
     search on a calibration text, AWQ-style) or ``"fp8"`` (e4m3), and the head in int8; quantized as the
     model loads (:mod:`minserve.quant`). A GGUF file's Q4_0 / Q4_1 blocks are int4 in
     groups of 32 already: under ``"int4"`` they are kept as stored, unless another group size is asked for.
-    ``"none"`` (the default) keeps ``dtype`` throughout. ``"auto"`` is int4 on a CPU serving a GGUF file
-    stored in 4-bit blocks, with each layer's dense float copy kept for steps of many rows, and ``"none"``
+    ``"none"`` keeps ``dtype`` throughout. ``"auto"`` (the default) is int4 on a CPU serving a GGUF file
+    stored in 4-bit blocks, with each layer's dense float twin kept for steps of many rows, and ``"none"``
     elsewhere or when ``dtype`` is named (:mod:`minserve.quant.auto`).
 
     ``kv_cache_dtype`` ``"int8"`` or ``"fp8"`` stores keys and values in one byte, with per-head scales
@@ -105,7 +105,7 @@ class EngineConfig:
 
     model: str = option("minserve-tiny", "a name (see `minserve models`), checkpoint dir, .gguf file or hub id")
     dtype: str = option("auto", "weights and KV dtype", choices=("auto", "float32", "bfloat16", "float16"))
-    quantization: str = option("none", "weight format of the decoder layers and head; auto keeps a GGUF file's "
+    quantization: str = option("auto", "weight format of the decoder layers and head; auto keeps a GGUF file's "
                                "4-bit blocks on a CPU (with float copies for large steps)",
                                choices=("auto", "none", "int8", "int4", "int4-awq", "fp8"))  # fmt: skip
     quant_group_size: int | None = option(

@@ -12,7 +12,8 @@ from minserve import LLM, SamplingParams
 from minserve.model.loader import resolve_model_path
 from minserve.quant import Int4Linear, QuantScheme, quantize_model
 from minserve.quant.auto import choose_scheme
-from minserve.quant.row_switch import ROW_CANDIDATES, RowSwitchedLinear, tune_row_switches
+from minserve.quant.formats import quantize
+from minserve.quant.row_switch import ROW_CANDIDATES, RowSwitchedLinear, dense_twin, tune_row_switches
 from minserve.quant.swap import describe_weights, layer_formats, linear_weight_bytes
 
 CPU = torch.device("cpu")
@@ -21,23 +22,41 @@ SMOLLM = "smollm2-135m-instruct"
 
 def _pair(max_rows: int = 4) -> RowSwitchedLinear:
     torch.manual_seed(0)
-    dense = nn.Linear(64, 32, bias=False).requires_grad_(False)
-    return RowSwitchedLinear(Int4Linear.from_linear(dense, group_size=32), dense, max_rows)
+    weight = quantize(torch.randn(32, 64), "int4", group_size=32)
+    return RowSwitchedLinear(Int4Linear(weight, None), dense_twin(weight, None, torch.float32), max_rows)
+
+
+def _dense_path(pair: RowSwitchedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The dense branch as the packed kernel rounds: bfloat16 in, float32 sums, bfloat16 out."""
+    return pair.dense(x.to(torch.bfloat16).float()).to(torch.bfloat16).float()
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5, 64])
 def test_a_step_of_few_rows_reads_the_codes_and_one_of_many_the_dense_copy(rows):
     pair = _pair(max_rows=4)
     x = torch.randn(rows, 64)
-    expected = pair.narrow(x) if rows <= 4 else pair.dense(x)
+    expected = pair.narrow(x) if rows <= 4 else _dense_path(pair, x)
     assert torch.equal(pair(x), expected)
-    assert not torch.equal(pair.narrow(x), pair.dense(x))  # the two paths differ, so the test tells them apart
+
+
+def test_both_paths_compute_one_function_to_the_last_bfloat16_bit():
+    """The dense twin holds exactly the weight the kernel applies (its codes, scales rounded to bfloat16), so
+    the paths differ only in their sums' order: at most one bfloat16 step apart. The file's float weight in
+    the twin's place (scales not rounded) is further off, and it was enough to flip a greedy answer."""
+    pair, x = _pair(), torch.randn(64, 64)
+    narrow, dense = pair.narrow(x), _dense_path(pair, x)
+    one_step = 2.0**-7 * narrow.abs()  # bfloat16 keeps 8 significant bits: one step is ≤ 2⁻⁷ of a value
+    assert ((narrow - dense).abs() <= one_step + 1e-6).all()
+    weight = quantize(torch.randn(32, 64, generator=torch.Generator().manual_seed(0)), "int4", group_size=32)
+    unrounded = nn.Linear(64, 32, bias=False).requires_grad_(False)
+    unrounded.weight.copy_(weight.dequantize())
+    assert not ((narrow - unrounded(x)).abs() <= one_step + 1e-6).all()
 
 
 def test_the_rows_of_a_batched_input_are_counted_across_its_leading_dimensions():
     pair = _pair(max_rows=4)
     x = torch.randn(2, 3, 64)  # six rows: the dense copy
-    assert torch.equal(pair(x), pair.dense(x))
+    assert torch.equal(pair(x), _dense_path(pair, x))
 
 
 def test_tuning_sets_one_step_size_per_format_from_the_candidates():
@@ -76,5 +95,9 @@ def test_auto_on_the_4bit_file_keeps_codes_and_chats():
     switch = llm.engine.model.get_submodule("layers.0.mlp.gate_up_proj")
     assert switch.max_narrow_rows in ROW_CANDIDATES
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    out = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0.0))[0]
-    assert "Paris" in out.text
+    greedy = SamplingParams(max_tokens=16, temperature=0.0)
+    first = llm.generate([prompt], greedy)[0].text  # the whole prompt in one step of many rows: dense copies
+    cached = llm.generate([prompt], greedy)[0].text  # its blocks cached: the last few rows through the codes
+    others = [llm.tokenizer.apply_chat_template([{"role": "user", "content": f"Count to {n}."}]) for n in (3, 9)]
+    batched = llm.generate([*others, prompt], greedy)[-1].text
+    assert "Paris" in first and cached == first and batched == first  # one answer, whichever path served it

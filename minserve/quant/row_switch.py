@@ -10,10 +10,16 @@ for small steps and a dense float copy for large ones (measured on SmolLM2's lay
 0.17 ms against float32's 0.29 ms at one row, 7.3 against 5.1 ms at 128 rows).
 
 Where the two cross depends on the machine (its bandwidth, its float units, torch's kernels), so
-:func:`tune_row_switches` measures it once, when the model loads, on the model's own layers. Both
-formats hold the same weights (the dense copy is the codes widened, or the float weight the codes were
-made from); they differ in how activations are rounded on the way in (the int4 kernel takes bfloat16),
-which is the same order of difference as running a sequence in a batch of another size.
+:func:`tune_row_switches` measures it once, when the model loads, on the model's own layers.
+
+The two paths compute one function. The dense copy is the codes widened with their scales rounded as the
+kernel rounds them (:func:`dense_twin`), and its inputs and outputs are rounded to bfloat16 as the kernel's
+are, so the paths differ only in the order of their float32 sums. That matters more than it looks: a small
+model's greedy choice is often a near tie (SmolLM2 puts "The" and "L" 0.08 nats apart as the first word of
+"What is the capital of France?"), and when the dense copy held the file's float weights and float
+activations, the same question answered "The capital of France is Paris." when its prompt was prefilled in
+one large step and "L'Étoile, la Marseillaise, …" (as llama.cpp answers from this file) when its prompt
+was cached and the few remaining rows went through the codes. Now it answers the second way both times.
 
 The dense copy costs memory: a float32 copy of SmolLM2-135M's layers is 425 MB beside 60 MB of codes. That
 is the price of the large steps' speed on a CPU, where memory is plentiful; on a GPU the codes' Triton
@@ -29,7 +35,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minserve.quant.linear import QuantizedLinear
+from minserve.quant.formats import QuantizedWeight
+from minserve.quant.linear import ACTIVATION_DTYPE, QuantizedLinear
 
 ROW_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)  # step sizes the crossover is looked for among
 # The dense copies must win by this much before a step size goes to them: near the crossover the two are
@@ -55,10 +62,25 @@ class RowSwitchedLinear(nn.Module):
         rows = math.prod(x.shape[:-1])
         if rows <= self.max_narrow_rows:
             return self.narrow(x)
-        return self.dense(x.to(self.dense.weight.dtype)).to(x.dtype)
+        # Rounded in and out as the packed kernels round (bfloat16), so both branches compute one function.
+        y = self.dense(x.to(ACTIVATION_DTYPE).to(self.dense.weight.dtype))
+        return y.to(ACTIVATION_DTYPE).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"max_narrow_rows={self.max_narrow_rows}"
+
+
+def dense_twin(weight: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Linear:
+    """An ``nn.Linear`` in ``dtype`` holding the weight a packed kernel applies for ``weight``: the codes
+    widened with their scales (and zero points) rounded to the kernel's bfloat16. In float32 that widening is
+    exact (a 4- or 8-bit code times an 8-bit mantissa), so the twin multiplies by exactly the kernel's values."""
+    applied = weight.with_scales_in(ACTIVATION_DTYPE).dequantize(dtype)
+    dense = nn.Linear(applied.shape[1], applied.shape[0], bias is not None, dtype=dtype)
+    with torch.no_grad():
+        dense.weight.copy_(applied)
+        if bias is not None:
+            dense.bias.copy_(bias.to(dtype))
+    return dense.requires_grad_(False)
 
 
 def native_bfloat16() -> bool:

@@ -34,11 +34,18 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from minserve.quant.awq import SCALED_PROJECTIONS, fold_input_scales, search_input_scales
-from minserve.quant.formats import FP8_DTYPE, GROUP_SIZES, WEIGHT_FORMATS, QuantizationError, check_group_size
+from minserve.quant.formats import (
+    FP8_DTYPE,
+    GROUP_SIZES,
+    WEIGHT_FORMATS,
+    QuantizationError,
+    check_group_size,
+    quantize,
+)
 from minserve.quant.gguf_blocks import BLOCK as STORED_BLOCK
 from minserve.quant.gguf_blocks import stored_int4_weights
 from minserve.quant.linear import QUANTIZED_LINEARS, QuantizedLinear
-from minserve.quant.row_switch import RowSwitchedLinear, dense_dtype, tune_row_switches
+from minserve.quant.row_switch import RowSwitchedLinear, dense_dtype, dense_twin, tune_row_switches
 
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 logger = logging.getLogger(__name__)
@@ -129,26 +136,16 @@ def quantize_model(
         _fold_activation_scales(model, targets, group_size, calibration_ids)
     activation_dtype = next(model.parameters()).dtype
     for name, linear, format in tqdm(targets, desc=f"quantizing to {scheme.label}", disable=not progress):
-        if format == "int4" and name in stored:
-            quantized = QUANTIZED_LINEARS["int4"](stored[name], linear.bias)
-        else:
-            quantized = QUANTIZED_LINEARS[format].from_linear(linear, group_size)
+        stored_blocks = format == "int4" and name in stored
+        weight = stored[name] if stored_blocks else quantize(linear.weight.detach(), format, group_size)
+        quantized = QUANTIZED_LINEARS[format](weight, linear.bias)
         if scheme.keep_dense:
-            quantized = RowSwitchedLinear(quantized, _dense_copy(linear, dense_dtype(activation_dtype)))
+            quantized = RowSwitchedLinear(quantized, dense_twin(weight, linear.bias, dense_dtype(activation_dtype)))
         _replace(model, name, quantized)
     if scheme.keep_dense:
         for format, rows in tune_row_switches(model, activation_dtype).items():
             logger.info("%s codes for steps of up to %d rows, the dense copies above", format, rows)
     return model
-
-
-def _dense_copy(linear: nn.Linear, dtype: torch.dtype) -> nn.Linear:
-    """``linear`` itself where it is in ``dtype`` already (a tied head stays tied), else a copy in it."""
-    if linear.weight.dtype == dtype:
-        return linear
-    dense = nn.Linear(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype)
-    dense.load_state_dict({key: value.to(dtype) for key, value in linear.state_dict().items()})
-    return dense.requires_grad_(False)
 
 
 def _fold_activation_scales(

@@ -41,6 +41,11 @@ _DONE = f"""() => {{
   const ran = prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p));
   return ran || ({_ERRORS})().length > 0;
 }}"""
+# JS: the code cells without a run number, by their prompt and first line (what a timeout reports).
+_NOT_RUN = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')]
+  .map(c => [c.querySelector('.jp-InputPrompt')?.innerText.trim(),
+             (c.querySelector('.jp-InputArea-editor')?.innerText || '').split('\\n')[0].slice(0, 80)])
+  .filter(([p]) => !/\\[\\d+\\]/.test(p || ''))"""
 _DRAWN = "d => d.querySelector('svg.main-svg') !== null && (d._fullData || []).length > 0"
 # Settings a learner's JupyterLab would not need: every cell kept in the page (so all of it can be checked),
 # and no news fetched from the internet.
@@ -122,9 +127,13 @@ def test_chapter_runs_in_jupyterlab(page, lab, chapter: str) -> None:
     # Run all cells through JupyterLab's own menu, as a learner would.
     page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     start = time.monotonic()
     try:
         page.wait_for_function(_DONE, timeout=CHAPTER_TIMEOUT_S * 1000, polling=1000)
+    except PlaywrightTimeout:
+        pytest.fail(f"{chapter}: not every cell ran within {CHAPTER_TIMEOUT_S} s: {page.evaluate(_NOT_RUN)}")
     finally:  # finished or not, what the learner would see
         took_s = time.monotonic() - start
         page.screenshot(path=str(LAB_ARTIFACTS / f"{chapter}-end.png"))
