@@ -91,7 +91,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_until_up(f"{base}/api/status?token={token}", server)
-        yield f"{base}/lab/tree/{{name}}?token={token}", notebooks
+        yield f"{base}/{{path}}?token={token}", notebooks
     finally:
         server.terminate()
         try:
@@ -121,7 +121,15 @@ def test_chapter_runs_in_jupyterlab(page, lab, chapter: str) -> None:
     shutil.copy(ROOT / "chapters" / f"{chapter}.ipynb", notebooks)
     LAB_ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.goto(url.format(name=f"{chapter}.ipynb"))
+    try:
+        _walk_through(page, url, chapter)
+    finally:  # the next chapter starts alone, as a learner's fresh session would: no kernel left running
+        _shut_down_kernels(url)
+
+
+def _walk_through(page, url: str, chapter: str) -> None:
+    # A workspace of its own, so the page holds this chapter's notebook and no earlier one's.
+    page.goto(url.format(path=f"lab/workspaces/{chapter}/tree/{chapter}.ipynb"))
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=120_000)
     _accept_kernel(page)
     # Run all cells through JupyterLab's own menu, as a learner would.
@@ -147,6 +155,15 @@ def test_chapter_runs_in_jupyterlab(page, lab, chapter: str) -> None:
     assert widgets.count() >= 1, f"{chapter}: no widget rendered as controls"
     assert "children=(" not in page.locator(".jp-Notebook").inner_text(), f"{chapter}: a widget shown as its repr"
     _move_a_control(page, chapter)
+
+
+def _shut_down_kernels(url: str) -> None:
+    """Stop every kernel the JupyterLab server runs (its REST API): each holds a chapter's models in memory."""
+    with urllib.request.urlopen(url.format(path="api/kernels"), timeout=30) as response:
+        kernels = json.load(response)
+    for kernel in kernels:
+        request = urllib.request.Request(url.format(path=f"api/kernels/{kernel['id']}"), method="DELETE")
+        urllib.request.urlopen(request, timeout=60).close()
 
 
 def _accept_kernel(page) -> None:
