@@ -174,7 +174,7 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
 # --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
 
 # The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
-HIDDEN = ("ch03", "ch05", "ch07", "ch08")
+HIDDEN = ("ch03", "ch05", "ch07", "ch08", "ch09")
 # Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
 # pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
 # counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
@@ -199,6 +199,11 @@ MISTAKES = {
         "ch08",
         ("_residual(p_next, q_next)", "p_next"),
         {"public": "emitted_tokens_follow", "hidden": "exactness_on or own_distributions"},
+    ),
+    "ch09 aims at the SLO itself": (
+        "ch09",
+        ("self.ttft_slo_s, self.headroom = ttft_slo_s, headroom", "self.ttft_slo_s, self.headroom = ttft_slo_s, 1.0"),
+        {"public": "admitted_requests_meet_the_slo or refuses_fast", "hidden": "meet_other_slos"},
     ),
 }  # fmt: skip
 
