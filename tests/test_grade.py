@@ -174,21 +174,42 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
 # --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
 
 # The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
-HIDDEN = ("ch03", "ch05", "ch07", "ch08", "ch09")
+HIDDEN = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09")
 # Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
 # pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
 # counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
 MISTAKES = {
+    "ch01 divides TPOT by every token": (
+        "ch01",
+        ("ttft_s(arrival_s, token_times_s)) / (n - 1)", "ttft_s(arrival_s, token_times_s)) / n"),
+        {"public": "tpot_curriculum or tpot_counts or goodput_agrees", "hidden": "metric_agrees"},
+    ),
+    "ch02 releases half a character": (
+        "ch02",
+        ("if len(window) <= len(before) or is_incomplete(window):", "if len(window) <= len(before):"),
+        {"public": "emoji or cjk or deltas_join", "hidden": "other_scripts or stays_bounded"},
+    ),
     "ch03 reads slots past the context": (
         "ch03",
         ("in_context = block * BLOCK_SIZE + slots < context_len", "in_context = slots < BLOCK_SIZE"),
         {"public": "matches_float64 or grouped or block_sizes or 16bit", "hidden": "paged_shapes or bfloat16"},
+    ),
+    "ch04 shares a cached block without taking a reference": (
+        "ch04",
+        ("            self.ref_counts[block_id] += 1\n            shared.append(block_id)",
+         "            shared.append(block_id)"),
+        {"public": "shared_prefix or stay_cached or eviction_is_lru or random_workloads", "hidden": "larger_caches"},
     ),
     "ch05 prefills every prompt whole": (
         "ch05",
         ("return min(num_uncomputed, budget) if self.enable_chunked_prefill else num_uncomputed",
          "return num_uncomputed"),
         {"public": "token_budget or chunked or itl", "hidden": "budget_seats or itl"},
+    ),
+    "ch06 adds the bias on every rank": (
+        "ch06",
+        ("    if bias is not None and rank == 0:", "    if bias is not None:"),
+        {"public": "partial_sums or row_parallel_over_gloo or mlp_over_gloo", "hidden": "mlp_of_other_widths"},
     ),
     "ch07 rounds down, not to nearest": (
         "ch07",
