@@ -89,21 +89,32 @@ def test_the_kv_calculator_in_the_page_agrees_with_minserve(page, site_url: str,
     """The page's arithmetic (explorers.js) against minserve's own, at settings the chapter never ran."""
     from minserve.lab.kv import kv_calculator_result, kv_summary_html
 
-    page.goto(f"{site_url}chapters/04_kv_cache/")
-    explorer = page.locator('.minserve-explorer[data-explorer="kv-calculator"]')
-    page.wait_for_function("e => e.dataset.ready === 'true'", arg=explorer.element_handle(), timeout=30_000)
-    for name, value in setting.items():
-        control = explorer.locator(f'[data-control="{name}"]')
-        if control.evaluate("e => e.tagName") == "SELECT":
-            control.select_option(label=value)
-        else:
-            control.fill(value)
+    explorer = _set_in_page(page, f"{site_url}chapters/04_kv_cache/", "kv-calculator", setting)
     python = kv_summary_html(
         kv_calculator_result(setting["model"], int(setting["context"]), int(setting["batch"]), setting["weights"],
                              setting["GPU"], setting["KV cache"])
     )  # fmt: skip
-    # Both through the browser's own HTML serialisation, so quoting cannot differ.
-    want = page.evaluate("h => Object.assign(document.createElement('div'), {innerHTML: h}).innerHTML", python)
+    _assert_shows(page, explorer, python)
+
+
+def _set_in_page(page, url: str, name: str, setting: dict[str, str]):
+    """Open ``url``, wait for its ``name`` explorer, and set its controls as a reader would; the explorer."""
+    page.goto(url)
+    explorer = page.locator(f'.minserve-explorer[data-explorer="{name}"]')
+    page.wait_for_function("e => e.dataset.ready === 'true'", arg=explorer.element_handle(), timeout=30_000)
+    for control_name, value in setting.items():
+        control = explorer.locator(f'[data-control="{control_name}"]')
+        if control.evaluate("e => e.tagName") == "SELECT":
+            control.select_option(label=value)
+        else:
+            control.fill(value)
+    return explorer
+
+
+def _assert_shows(page, explorer, python_html: str) -> None:
+    """The explorer's readout is ``python_html``, both through the browser's own HTML serialisation (so
+    quoting cannot differ)."""
+    want = page.evaluate("h => Object.assign(document.createElement('div'), {innerHTML: h}).innerHTML", python_html)
     assert explorer.locator(".minserve-widget-readout").inner_html() == want
 
 
@@ -119,18 +130,9 @@ def test_the_roofline_in_the_page_agrees_with_minserve(page, site_url: str, sett
     """The page's roofline (explorers.js) against minserve.capacity's, at settings the chapter never ran."""
     from minserve.lab.roofline_widget import explorer_summary_html, roofline_explorer_result
 
-    page.goto(f"{site_url}chapters/03_prefill_vs_decode/")
-    explorer = page.locator('.minserve-explorer[data-explorer="roofline"]')
-    page.wait_for_function("e => e.dataset.ready === 'true'", arg=explorer.element_handle(), timeout=30_000)
-    for name, value in setting.items():
-        control = explorer.locator(f'[data-control="{name}"]')
-        if control.evaluate("e => e.tagName") == "SELECT":
-            control.select_option(label=value)
-        else:
-            control.fill(value)
+    explorer = _set_in_page(page, f"{site_url}chapters/03_prefill_vs_decode/", "roofline", setting)
     python = explorer_summary_html(
         roofline_explorer_result(setting["model"], setting["hardware"], int(setting["batch"]), int(setting["context"]))
     )
-    want = page.evaluate("h => Object.assign(document.createElement('div'), {innerHTML: h}).innerHTML", python)
-    assert explorer.locator(".minserve-widget-readout").inner_html() == want
+    _assert_shows(page, explorer, python)
     assert "computed in this page" in explorer.locator(".minserve-explorer-status").inner_text()
