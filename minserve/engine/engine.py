@@ -108,10 +108,6 @@ class LLMEngine:
         """Token ids of a prompt, checked (see :class:`InputProcessor`)."""
         return self.inputs.encode(prompt, index)
 
-    def check_fits(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Refuse a request that could never run: too long for the context, or for the whole KV cache."""
-        self.inputs.check_fits(prompt_token_ids, params)
-
     def add_request(
         self,
         prompt: Prompt,

@@ -90,11 +90,17 @@ class InputProcessor:
                 f"(refused without tokenizing); shorten the prompt"
             )
 
-    def process(self, prompt: Prompt, params: SamplingParams, prompt_token_ids: list[int] | None = None) -> EngineInput:
+    def process(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        prompt_token_ids: list[int] | None = None,
+        index: int | None = None,
+    ) -> EngineInput:
         """The one way in for a request: its prompt tokenized (unless ``prompt_token_ids`` are given, already
         checked by :meth:`encode` or :meth:`encode_chat`) and the whole request checked (:meth:`check_fits`).
-        A bad request raises ``ValueError`` naming what to change."""
-        ids = self.encode(prompt) if prompt_token_ids is None else prompt_token_ids
+        A bad request raises ``ValueError`` naming what to change (``index``: which of a batch of prompts)."""
+        ids = self.encode(prompt, index) if prompt_token_ids is None else prompt_token_ids
         self.check_fits(ids, params)
         return EngineInput(prompt, ids, params)
 

@@ -157,19 +157,17 @@ class LLM:
         params_list = _as_params_list(params, len(prompts))
         priorities = _per_prompt(priority, len(prompts), "priority")
         deadlines = _per_prompt(deadline_s, len(prompts), "deadline_s")
-        encoded, tokenize_s = [], []  # one after another; each prompt's tokenizing is timed for the trace
-        for i, prompt in enumerate(prompts):
+        # Every request through the input processor first, as the server's are: nothing is queued unless all
+        # pass. One after another, each prompt's tokenizing timed for the trace.
+        inputs, tokenize_s = [], []
+        for i, (prompt, p, rank, deadline) in enumerate(zip(prompts, params_list, priorities, deadlines)):
             start_s = time.perf_counter()
-            encoded.append(self.engine.encode(prompt, i))
+            inputs.append(self.engine.inputs.process(prompt, p, index=i))
             tokenize_s.append((start_s, time.perf_counter()))
-        for ids, p, rank, deadline in zip(encoded, params_list, priorities, deadlines):
-            self.engine.check_fits(ids, p)  # the server's rules: nothing is queued unless all pass
             check_request_options(rank, deadline)
         return [
-            self.engine.add_request(prompt, p, None, arrival_s, ids, rank, deadline, span)
-            for prompt, ids, p, rank, deadline, span in zip(
-                prompts, encoded, params_list, priorities, deadlines, tokenize_s
-            )
+            self.engine.add_request(r.prompt, r.params, None, arrival_s, r.prompt_token_ids, rank, deadline, span)
+            for r, rank, deadline, span in zip(inputs, priorities, deadlines, tokenize_s, strict=True)
         ]
 
 
