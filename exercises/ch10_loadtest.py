@@ -1,6 +1,6 @@
-"""Chapter 10 exercise: goodput and coordinated omission from a load test's raw records.
+"""Chapter 10 exercise: the capacity of a server, read from a load test's raw records.
 
-Fill in every function below (replace ``raise NotImplementedError``), then grade yourself:
+Fill in both functions below (replace ``raise NotImplementedError``), then grade yourself:
 
     minserve grade ch10
 
@@ -18,126 +18,33 @@ All times are seconds from the start of *that run* (each run's clock starts at 0
 - ``intended_s``: when the timetable said to send the request; ``sent_s``: when the client actually did;
 - ``chunk_times_s``: when each chunk that carried text arrived (empty when none did);
 - ``end_s``: the last byte, the error or the hang-up;
-- ``status``: ``"ok"``, ``"failed"`` (with an ``error`` kind such as ``"http_429"`` or ``"timeout"``) or
-  ``"cancelled"`` (the client hung up on purpose);
-- ``output_tokens``: the server's own count from its usage chunk when it sent one
-  (``output_tokens_source`` says where the count came from). A chunk may carry several tokens, so this
-  can exceed ``len(chunk_times_s)``; use it, not the number of chunks.
+- ``status``: ``"ok"``, ``"failed"`` or ``"cancelled"``; ``output_tokens``: the server's own count.
 
-The file also carries the benchmark's own ``ttft_ms``, ``tpot_ms`` and ``e2e_ms``; compute yours from the
-raw fields (the graded tests' records do not have the derived ones).
+Part 1 is *coordinated omission*: a load tester with a fixed pool of workers sends a request only when a
+worker is free, so when the server is slow it falls behind its timetable, sends less load exactly when it
+should not, and its latencies, measured from when it finally sent, hide the wait. Such a run's records keep
+the timetable's ``intended_s`` beside the late ``sent_s``.
 
-An SLO is a dict of targets in seconds, e.g. ``{"ttft": 0.5, "tpot": 0.05}``; the keys can be ``"ttft"``,
-``"tpot"`` and ``"e2e"``, and a target that is not set is simply not in the dict.
+Part 2 is the design: from a rate sweep's records, estimate the server's capacity at an SLO, the knee λ*
+of chapter 10: the highest arrival rate at which the server still serves its users within the SLO. How you
+read each run's offered rate, judge its requests (from which instant? which requests count?) and place the
+knee between the sweep's rates is yours. Some runs of a sweep may come from a pool of workers that fell
+behind: read them as what their timetable intended, not as what the pool managed to send.
 
-Part 3 is about *coordinated omission*: a load tester that waits for answers before sending more sends
-less load exactly when the server is slow, and its latencies, measured from when it finally sent, hide the
-stall. Measuring from the intended send time puts the hidden waiting back.
+You are graded on sweeps of a simulated server (the engine's own scheduler on a virtual clock) whose
+capacity is known exactly: your estimate must land within 20% of it, on open-loop sweeps and on sweeps
+whose runs past the knee were sent by a pool of workers; instructors keep other workloads, SLOs and pools.
 
-Use only the standard library (``math``, ``heapq`` and ``collections`` are handy): the grader refuses a file
-that imports anything else, ``minserve.bench`` and ``minserve.slo`` included.
+Use only the standard library: the grader refuses a file that imports anything else, ``minserve.bench``
+and ``minserve.slo`` included.
 """
 
 from __future__ import annotations
 
-import math  # noqa: F401  (you will want math.nan and math.floor)
+import math  # noqa: F401  (math.inf is handy)
 from collections.abc import Sequence
 
-# --- part 1: one request -----------------------------------------------------------------------------------
-
-
-def request_metrics(record: dict) -> dict[str, float | None]:
-    """TTFT, TPOT and E2E of one record in seconds, all measured from the *actual* send time ``sent_s``.
-
-    Returns ``{"ttft_s": ..., "tpot_s": ..., "e2e_s": ...}`` (vLLM's definitions, as in ``records.jsonl``):
-
-    - ``ttft_s``: first chunk − ``sent_s``; ``None`` when no chunk came;
-    - ``e2e_s``: ``end_s`` − ``sent_s`` (always defined: for a failed request it is the time to the error);
-    - ``tpot_s``: (E2E − TTFT) / (n − 1) with n = ``output_tokens`` (the server's count, not the number of
-      chunks); ``None`` when no chunk came or n < 2 (a one-token answer has no decode phase).
-
-    The status does not matter here: these are what the client saw. Which requests count is decided by
-    :func:`summarize` and :func:`meets_slo`.
-    """
-    raise NotImplementedError
-
-
-# --- part 2: one run ---------------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 ≤ q ≤ 100) with linear interpolation between closest ranks.
-
-    The same definition as chapter 01 and ``minserve.slo.percentile``: sort the values; the percentile sits
-    at fractional position ``q / 100 × (n − 1)``; interpolate between the two values around it. Return
-    ``math.nan`` for no values; raise ``ValueError`` when q is outside [0, 100]. Do not change the caller's
-    list.
-    """
-    raise NotImplementedError
-
-
-def summarize(records: Sequence[dict], percentiles: Sequence[float] = (50, 90, 99)) -> dict:
-    """Counts and latency percentiles (seconds) of one run's records.
-
-    Returns::
-
-        {"requests": 8, "ok": 6, "failed": 1, "cancelled": 1,
-         "ttft_s": {"p50": ..., "p90": ..., "p99": ...},
-         "tpot_s": {...}, "e2e_s": {...}}
-
-    Percentile keys are ``f"p{q:g}"`` (``"p50"``, ``"p99.9"``). Only ``ok`` requests enter the latency
-    distributions (a failed request's quick error would flatter them; failures count against goodput
-    instead), and a request without a metric (a one-token answer has no TPOT) is left out of that one. A
-    distribution with no values has ``math.nan`` percentiles. An empty run gives zero counts.
-    """
-    raise NotImplementedError
-
-
-def meets_slo(record: dict, slo: dict[str, float]) -> bool:
-    """Whether one request is *good*: status ``"ok"`` and within every target of ``slo`` (≤, in seconds).
-
-    ``slo`` maps ``"ttft"``, ``"tpot"`` and/or ``"e2e"`` to a bound in seconds; an empty dict sets no
-    targets, so every ok request is good. A failed or cancelled request is never good. A request without
-    TPOT (fewer than two tokens) cannot miss a TPOT target; an ok request with no chunk at all misses a TTFT
-    target. Raise ``ValueError`` for any other key (``"ttft_ms"`` must not quietly pass every request).
-    """
-    raise NotImplementedError
-
-
-def goodput_rps(records: Sequence[dict], slo: dict[str, float], duration_s: float | None = None) -> float:
-    """Good requests per second over the run's duration, in requests per second.
-
-    ``duration_s`` defaults to the run's duration as the records tell it: the latest ``end_s`` (the run's
-    clock starts at 0, and the run ends when its last request does); 0.0 for no records. Failed and
-    cancelled requests take their share of the time and add nothing. Return 0.0 when the duration is 0;
-    raise ``ValueError`` when it is negative.
-    """
-    raise NotImplementedError
-
-
-def split_runs(records: Sequence[dict]) -> dict[str, list[dict]]:
-    """The records grouped by their ``"run"`` label, runs in order of first appearance, records in file order.
-
-    ``records.jsonl`` holds every run of a sweep one after the other, and each run has its own clock, its
-    own duration and its own verdict: never pool them.
-    """
-    raise NotImplementedError
-
-
-# --- part 3: coordinated omission --------------------------------------------------------------------------
-
-
-def client_lag_s(record: dict) -> float:
-    """How late the client sent the request: ``sent_s`` − ``intended_s``, in seconds (≥ 0 in practice)."""
-    raise NotImplementedError
-
-
-def e2e_from_intended_s(record: dict) -> float:
-    """End-to-end latency measured from the *intended* send time: ``end_s`` − ``intended_s``, in seconds.
-
-    This is what a user who arrived on schedule waited: the client's lag plus the E2E it measured.
-    """
-    raise NotImplementedError
+# --- part 1: coordinated omission --------------------------------------------------------------------------
 
 
 def closed_loop_send_times(intended_s: Sequence[float], service_s: Sequence[float], concurrency: int) -> list[float]:
@@ -150,5 +57,22 @@ def closed_loop_send_times(intended_s: Sequence[float], service_s: Sequence[floa
     times, one per request, in timetable order.
 
     Raise ``ValueError`` when ``concurrency`` < 1 or the two lists differ in length; ``[]`` for no requests.
+    """
+    raise NotImplementedError
+
+
+# --- part 2: the knee -------------------------------------------------------------------------------------
+
+
+def capacity_rps(records: Sequence[dict], slo: dict[str, float], attainment: float = 0.9) -> float:
+    """The server's capacity at ``slo``, in requests per second: the highest arrival rate at which at least
+    ``attainment`` of a run's requests are good, estimated from a rate sweep's records (several runs, told
+    apart by their ``"run"`` label, in any order).
+
+    ``slo`` maps ``"ttft"`` and/or ``"e2e"`` to a bound in seconds, as a user waits for it: from the moment
+    the user meant to send. A good request is ``"ok"`` and within every bound; a failed one is never good.
+    When every run of the sweep was good enough, return at least the highest rate it tried (the capacity is
+    no lower); when none was, at most the lowest (0.0 is fine). Raise ``ValueError`` for an ``slo`` key other
+    than ``"ttft"`` and ``"e2e"``.
     """
     raise NotImplementedError

@@ -174,7 +174,7 @@ def test_a_broken_test_folder_is_a_grading_error(tmp_path):
 # --- hidden tests, the pass line and wrong solutions ----------------------------------------------------------
 
 # The chapters whose exercises have hidden tests (exercises/solutions/hidden/test_<chapter>_hidden.py).
-HIDDEN = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09")
+HIDDEN = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch07", "ch08", "ch09", "ch10")
 # Per chapter, a deliberately wrong solution: the reference with one line changed, and the tests it fails (a
 # pytest -k expression for the public and one for the hidden tests). Only those are run; every other test is
 # counted as passed, so the score bounds the full score from above, and the bound must be below the pass line.
@@ -225,6 +225,11 @@ MISTAKES = {
         "ch09",
         ("self.ttft_slo_s, self.headroom = ttft_slo_s, headroom", "self.ttft_slo_s, self.headroom = ttft_slo_s, 1.0"),
         {"public": "admitted_requests_meet_the_slo or refuses_fast", "hidden": "meet_other_slos"},
+    ),
+    "ch10 times the pool's requests from its late sends": (
+        "ch10",
+        ('    start = record["intended_s"]', '    start = record["sent_s"]'),
+        {"public": "pool_of_workers", "hidden": "workers"},
     ),
 }  # fmt: skip
 

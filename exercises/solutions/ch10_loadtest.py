@@ -4,99 +4,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from collections.abc import Sequence
 
-SLO_METRICS = ("ttft", "tpot", "e2e")
-
-
-# --- part 1: one request -----------------------------------------------------------------------------------
-
-
-def request_metrics(record: dict) -> dict[str, float | None]:
-    """TTFT, TPOT and E2E of one record in seconds, from ``sent_s``; ``None`` where undefined."""
-    chunks, n = record["chunk_times_s"], record["output_tokens"]
-    e2e = record["end_s"] - record["sent_s"]
-    ttft = chunks[0] - record["sent_s"] if chunks else None
-    # n is the server's token count: a chunk can carry several tokens, so len(chunks) would undercount.
-    tpot = (e2e - ttft) / (n - 1) if ttft is not None and n >= 2 else None
-    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
-
-
-# --- part 2: one run ---------------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 ≤ q ≤ 100), linear interpolation; ``nan`` when empty, ValueError for bad q."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    ordered = sorted(values)  # sorted() copies: the caller's list stays as it was
-    if not ordered:
-        return math.nan
-    rank = q / 100 * (len(ordered) - 1)
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def summarize(records: Sequence[dict], percentiles: Sequence[float] = (50, 90, 99)) -> dict:
-    """Status counts, and percentiles (seconds) of TTFT, TPOT and E2E over the ok requests."""
-    statuses = Counter(record["status"] for record in records)
-    summary: dict = {"requests": len(records), **{status: statuses[status] for status in ("ok", "failed", "cancelled")}}
-    ok_metrics = [request_metrics(record) for record in records if record["status"] == "ok"]
-    for name in ("ttft_s", "tpot_s", "e2e_s"):
-        values = [metrics[name] for metrics in ok_metrics if metrics[name] is not None]
-        summary[name] = {f"p{q:g}": percentile(values, q) for q in percentiles}
-    return summary
-
-
-def meets_slo(record: dict, slo: dict[str, float]) -> bool:
-    """Good = status ok and every target met (≤); a missing TPOT cannot miss, a missing TTFT does."""
-    unknown = set(slo) - set(SLO_METRICS)
-    if unknown:
-        raise ValueError(f"unknown SLO targets {sorted(unknown)}; expected some of {SLO_METRICS}")
-    if record["status"] != "ok":
-        return False
-    metrics = request_metrics(record)
-    for key, bound_s in slo.items():
-        value = metrics[f"{key}_s"]
-        if value is None:
-            if key == "tpot":
-                continue  # fewer than two tokens: nothing after the first token to be slow
-            return False  # an ok answer without a single chunk never showed the user anything
-        if value > bound_s:
-            return False
-    return True
-
-
-def goodput_rps(records: Sequence[dict], slo: dict[str, float], duration_s: float | None = None) -> float:
-    """Good requests per second over ``duration_s`` (default: the latest ``end_s``); 0.0 for no time."""
-    if duration_s is None:
-        duration_s = max((record["end_s"] for record in records), default=0.0)
-    if duration_s < 0:
-        raise ValueError(f"duration_s must be ≥ 0, got {duration_s}")
-    good = sum(meets_slo(record, slo) for record in records)
-    return good / duration_s if duration_s > 0 else 0.0
-
-
-def split_runs(records: Sequence[dict]) -> dict[str, list[dict]]:
-    """The records grouped by ``"run"``, in order of first appearance (dicts keep insertion order)."""
-    runs: dict[str, list[dict]] = {}
-    for record in records:
-        runs.setdefault(record["run"], []).append(record)
-    return runs
-
-
-# --- part 3: coordinated omission --------------------------------------------------------------------------
-
-
-def client_lag_s(record: dict) -> float:
-    """``sent_s`` − ``intended_s``, seconds: how far the client fell behind its timetable."""
-    return record["sent_s"] - record["intended_s"]
-
-
-def e2e_from_intended_s(record: dict) -> float:
-    """``end_s`` − ``intended_s``, seconds: the latency a user arriving on schedule saw."""
-    return record["end_s"] - record["intended_s"]
+SLO_KEYS = ("ttft", "e2e")
 
 
 def closed_loop_send_times(intended_s: Sequence[float], service_s: Sequence[float], concurrency: int) -> list[float]:
@@ -114,3 +24,50 @@ def closed_loop_send_times(intended_s: Sequence[float], service_s: Sequence[floa
         sent.append(send)
         heapq.heappush(free_at, send + service)
     return sent
+
+
+def capacity_rps(records: Sequence[dict], slo: dict[str, float], attainment: float = 0.9) -> float:
+    """The rate where the sweep's share of good requests crosses ``attainment``, interpolated between the
+    highest run that reached it and the next run above it that did not."""
+    unknown = set(slo) - set(SLO_KEYS)
+    if unknown:
+        raise ValueError(f"unknown SLO targets {sorted(unknown)}; use {SLO_KEYS}")
+    runs: dict[str, list[dict]] = {}
+    for record in records:
+        runs.setdefault(record["run"], []).append(record)
+    points = sorted((_offered_rps(run), _good_share(run, slo)) for run in runs.values())
+    passing = [(rate, share) for rate, share in points if share >= attainment]
+    if not passing:
+        return 0.0
+    rate, share = max(passing)
+    above = [(r, s) for r, s in points if r > rate and s < attainment]
+    if not above:
+        return rate
+    next_rate, next_share = min(above)
+    return rate + (next_rate - rate) * (share - attainment) / (share - next_share)
+
+
+def _offered_rps(run: Sequence[dict]) -> float:
+    """The rate the run's timetable intended (a pool that fell behind sent less): requests over the span of
+    their intended send times, one gap per request after the first."""
+    intended = sorted(record["intended_s"] for record in run)
+    span = intended[-1] - intended[0]
+    return (len(intended) - 1) / span if span > 0 else math.inf
+
+
+def _good_share(run: Sequence[dict], slo: dict[str, float]) -> float:
+    """The share of the run's requests that are ok and within every bound, timed from the intended send:
+    what a user arriving on schedule waited, the client's own lag included."""
+    return sum(_good(record, slo) for record in run) / len(run)
+
+
+def _good(record: dict, slo: dict[str, float]) -> bool:
+    if record["status"] != "ok":
+        return False
+    start = record["intended_s"]
+    waited = {"e2e": record["end_s"] - start}
+    if "ttft" in slo:
+        if not record["chunk_times_s"]:
+            return False
+        waited["ttft"] = record["chunk_times_s"][0] - start
+    return all(waited[key] <= bound for key, bound in slo.items())
