@@ -80,8 +80,11 @@ class EngineConfig:
 
     ``compile_model`` runs decode steps through the model's forward compiled by ``torch.compile`` (the
     torch backend only; :mod:`minserve.engine.compilation`). It compiles when the engine is built: on a
-    small CPU about 18 s for minserve-tiny, a minute for a 30-layer model (less once inductor's cache is
-    warm). Where it cannot compile, building the engine fails, saying why.
+    small CPU about 18 s for minserve-tiny, 30–50 s for a 30-layer model once inductor's cache is warm,
+    minutes the first time. Where it cannot compile, building the engine fails, saying why. Left unset
+    (``None``), the command decides: ``LLM`` runs eagerly, since a script rarely earns back the compile, and
+    ``minserve serve`` compiles where its decode steps are bound by dispatch rather than by the weights'
+    bytes: a CPU serving 4-bit or 8-bit codes (:func:`~minserve.engine.compilation.serving_compiles`).
 
     ``speculative_config`` turns on speculative decoding, in vLLM's dict shape
     (:class:`~minserve.engine.speculative.SpeculativeConfig`); ``None`` leaves it off.
@@ -137,8 +140,9 @@ class EngineConfig:
     num_micro_batches: int | None = option(None, "pipeline parallelism: micro-batches a step's batch is split "
                                            "into (default: one per stage)")  # fmt: skip
     enable_cuda_graphs: bool = option(True, "decode steps as CUDA graphs on a GPU (off: eager)")
-    compile_model: bool = option(False, "decode steps through torch.compile (torch backend; compiles at start)",
-                                 flag="compile")  # fmt: skip
+    compile_model: bool | None = option(None, "decode steps through torch.compile (torch backend; compiles at "
+                                        "start); unset: serve compiles a CPU's 4- or 8-bit codes, LLM stays eager",
+                                        flag="compile")  # fmt: skip
     # vLLM's dict ({"method": "ngram", "num_speculative_tokens": 3, ...}) or a SpeculativeConfig.
     speculative_config: Mapping[str, Any] | SpeculativeConfig | None = option(
         None, 'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 3}'

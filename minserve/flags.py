@@ -3,7 +3,8 @@
 Every field of :class:`~minserve.config.EngineConfig`, :class:`~minserve.config.ServerConfig` (and any other
 config dataclass) becomes a flag: ``max_num_seqs`` is ``--max-num-seqs``, typed from its annotation, with its
 default and the help text of its :func:`~minserve.config.option`. A boolean that is on by default becomes a
-``--no-…`` switch (``enable_prefix_caching`` → ``--no-prefix-caching``), one that is off a plain switch.
+``--no-…`` switch (``enable_prefix_caching`` → ``--no-prefix-caching``), one that is off a plain switch, and
+one that may be left unset (``bool | None``: the command decides) gets both (``--compile``, ``--no-compile``).
 
     add_config_flags(parser, EngineConfig, ENGINE_SCHEDULING)
     EngineConfig(**config_options(args, EngineConfig, ENGINE_SCHEDULING))
@@ -64,7 +65,9 @@ def config_argv(args: argparse.Namespace, config_cls: type, names: Sequence[str]
         if value is None or value == f.default:
             continue
         flag = _flag_name(f)
-        if f.type == "bool":  # it differs from the default: the switch is given
+        if f.type == "bool | None":
+            argv.append(f"--{flag}" if value else f"--no-{flag}")
+        elif f.type == "bool":  # it differs from the default: the switch is given
             argv.append("--no-" + flag.removeprefix("enable-") if f.default else f"--{flag}")
         else:
             argv += [f"--{flag}", json.dumps(value) if isinstance(value, dict) else str(value)]
@@ -80,6 +83,11 @@ def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: Fiel
     flag = _flag_name(f)
     default = None if unset or f.default is MISSING else f.default
     help_text = meta.get("help", "")
+    if f.type == "bool | None":  # both ways can be said; neither leaves the choice to the command
+        parser.add_argument(f"--{flag}", dest=f.name, action="store_true", default=None, help=help_text)
+        parser.add_argument(f"--no-{flag}", dest=f.name, action="store_false", default=None,
+                            help=f"turn off: {help_text}")  # fmt: skip
+        return
     if f.type == "bool":
         if f.default:  # on by default: the flag switches it off
             switch = "--no-" + flag.removeprefix("enable-")

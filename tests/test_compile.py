@@ -22,6 +22,7 @@ PROMPTS = [
     "import os\nimport sys\n\n\nclass Config:\n    def __init__(self, path):\n        self.path = path\n"
     "        self.items = {}\n\n    def load(self):",
 ]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 1}
 PARAMS = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 14, 22)]
 
 
@@ -65,12 +66,51 @@ def test_only_the_torch_backend_is_compiled():
         CompiledDecode(llm.model, block_size=16)
 
 
-def test_compile_is_off_by_default_and_a_serve_flag():
+def test_llm_runs_eagerly_by_default_and_serve_takes_both_switches():
     from minserve.cli import build_parser
 
     assert LLM().engine.runner.compiled is None
     assert build_parser().parse_args(["serve", "--compile"]).compile_model is True
-    assert build_parser().parse_args(["serve"]).compile_model is False
+    assert build_parser().parse_args(["serve", "--no-compile"]).compile_model is False
+    assert build_parser().parse_args(["serve"]).compile_model is None  # serving_compiles decides
+
+
+@pytest.mark.parametrize(
+    ("options", "compiles"),
+    [
+        ({"model": "smollm2-135m-instruct"}, True),  # the file's 4-bit codes: dispatch-bound steps
+        ({"model": "smollm2-135m-instruct", "quantization": "int8"}, True),
+        ({"model": "smollm2-135m-instruct", "quantization": "none"}, False),  # float: bound by its bytes
+        ({"model": "smollm2-135m-instruct", "dtype": "bfloat16"}, False),  # a dtype named is computed in
+        ({"model": "minserve-tiny"}, False),  # safetensors in float
+        ({"model": "smollm2-135m-instruct", "speculative_config": NGRAM}, False),
+    ],
+)
+def test_a_server_compiles_where_decode_is_bound_by_dispatch(options, compiles):
+    from minserve.config import EngineConfig
+    from minserve.engine.compilation import serving_compiles
+
+    decided, why = serving_compiles(EngineConfig(device="cpu", **options))
+    assert decided is compiles
+    assert why.startswith("compiled" if compiles else "eager")
+
+
+def test_a_server_on_device_auto_decides_for_the_device_it_resolves_to():
+    from minserve.config import EngineConfig
+    from minserve.engine.compilation import serving_compiles
+
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    auto = serving_compiles(EngineConfig(model="smollm2-135m-instruct"))
+    assert auto == serving_compiles(EngineConfig(model="smollm2-135m-instruct", device=here))
+
+
+def test_a_server_without_a_cpp_compiler_runs_eagerly_and_says_why(monkeypatch):
+    from minserve.config import EngineConfig
+    from minserve.engine import compilation
+
+    monkeypatch.setattr(compilation, "_cpp_compiler", lambda: None)
+    decided, why = compilation.serving_compiles(EngineConfig(model="smollm2-135m-instruct", device="cpu"))
+    assert not decided and "C++ compiler" in why
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 
 from minserve.cli import SERVE_ENGINE_FIELDS, SERVE_SERVER_FIELDS, build_parser
 from minserve.config import EngineConfig, ServerConfig, option
-from minserve.flags import ENGINE_SCHEDULING, add_config_flags, config_options
+from minserve.flags import ENGINE_SCHEDULING, add_config_flags, config_argv, config_options
 
 
 @dataclass(frozen=True)
@@ -18,14 +18,15 @@ class Knobs:
     enable_cache: bool = option(True, "keep a cache")
     verbose: bool = option(False, "say more")
     label: str | None = option(None, "a name", choices=("a", "b"))
+    fast: bool | None = option(None, "go fast (unset: the command decides)")
 
 
 def test_a_field_declared_once_is_a_typed_flag_with_its_default():
     parser = argparse.ArgumentParser()
     add_config_flags(parser, Knobs, [f.name for f in fields(Knobs)])
     assert Knobs(**config_options(parser.parse_args([]), Knobs, ["rate_rps", "enable_cache", "verbose"])) == Knobs()
-    args = parser.parse_args(["--rate-rps", "4", "--no-cache", "--verbose", "--label", "b"])
-    assert Knobs(**config_options(args, Knobs, [f.name for f in fields(Knobs)])) == Knobs(4.0, False, True, "b")
+    args = parser.parse_args(["--rate-rps", "4", "--no-cache", "--verbose", "--label", "b", "--fast"])
+    assert Knobs(**config_options(args, Knobs, [f.name for f in fields(Knobs)])) == Knobs(4.0, False, True, "b", True)
     with pytest.raises(SystemExit):
         parser.parse_args(["--label", "c"])
 
@@ -46,3 +47,12 @@ def test_serve_takes_every_engine_and_server_setting_it_names_with_the_configs_d
     args = build_parser().parse_args(["serve", "--preemption-mode", "swap", "--threads", "1", "--port", "9"])
     assert config_options(args, EngineConfig, SERVE_ENGINE_FIELDS)["preemption_mode"] == "swap"
     assert args.num_threads == 1 and args.port == 9
+
+
+@pytest.mark.parametrize(("given", "value"), [([], None), (["--fast"], True), (["--no-fast"], False)])
+def test_a_boolean_left_unset_takes_both_switches_and_passes_on_what_was_said(given, value):
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, Knobs, ["fast"])
+    args = parser.parse_args(given)
+    assert args.fast is value
+    assert config_argv(args, Knobs, ["fast"]) == given  # what `minserve route` hands its replicas

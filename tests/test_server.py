@@ -245,7 +245,9 @@ def test_the_openai_client_chats_with_smollm2_through_minserve_serve():
     from minserve.serve.launch import ServerProcess
 
     name = "smollm2-135m-instruct"
-    with ServerProcess([], model=name, startup_timeout_s=300) as running:
+    # Eager: the compile a server of 4-bit codes does by default costs minutes cold, more than this test's
+    # share of the suite; tests/test_compile.py checks compiled steps give eager steps' tokens.
+    with ServerProcess(["--no-compile"], model=name, startup_timeout_s=300) as running:
         client = OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         ask = {"model": name, "messages": messages, "temperature": 0, "max_tokens": 32}

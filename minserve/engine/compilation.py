@@ -35,17 +35,63 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import time
 
 import torch
 from torch._dynamo.decorators import mark_unbacked
 from torch._dynamo.exc import BackendCompilerFailed
 
+from minserve.config import EngineConfig
 from minserve.model.attention import AttentionMetadata, StepTensors
 from minserve.model.llama import LlamaForCausalLM
 from minserve.quant.row_switch import RowSwitchedLinear
 
 logger = logging.getLogger(__name__)
+
+
+# Weight formats whose decode step is bound by dispatch, not bytes, on a CPU: an eager int4 step of SmolLM2
+# took 20.8 ms where its 94.8 MB of codes take 3.8 ms to read (docs/benchmarks.md, section 9).
+DISPATCH_BOUND_FORMATS = ("int4", "int8")
+
+
+def serving_compiles(config: EngineConfig) -> tuple[bool, str]:
+    """Whether ``minserve serve`` compiles decode steps when neither ``--compile`` nor ``--no-compile`` is
+    given, and why, in a phrase for the start-up line.
+
+    A server runs for hours, so a compile of half a minute (minutes the first time, before inductor's cache
+    is warm) pays wherever it shortens every decode step, which is where the step is bound by dispatch:
+    on a CPU whose layers hold 4- or 8-bit codes, the bytes a step reads are so few that the eager step's
+    hundreds of small operations cost several times the reading. A float model's step is bound by its
+    bytes, and compiling it gained 6% (section 7). And only where the compiled path runs at all: one
+    process, the torch backend, no speculation, and a C++ compiler for inductor.
+    """
+    from minserve.model.loader import resolve_model_path
+
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
+    if device.type != "cpu" or config.backend == "triton":
+        return False, "eager: compiling is for the CPU's torch backend (a GPU has CUDA graphs)"
+    if config.world_size > 1 or config.speculative_config is not None:
+        return False, "eager: parallel and speculative engines run eager decode steps"
+    scheme = config.quant_scheme(resolve_model_path(config.model), device)
+    if scheme is None or scheme.format not in DISPATCH_BOUND_FORMATS:
+        return False, "eager: float weights, whose decode steps are bound by reading them"
+    if _cpp_compiler() is None:
+        return False, "eager: no C++ compiler for inductor on this machine"
+    return True, f"compiled: {scheme.format} codes, whose decode steps are bound by dispatch"
+
+
+def _cpp_compiler() -> str | None:
+    """The path of the C++ compiler inductor would use, or None where it finds none."""
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    try:
+        return shutil.which(get_cpp_compiler())
+    except Exception:  # inductor raises its own InvalidCxxCompiler, and whatever its search trips on
+        return None
 
 
 def expected_compile_s(num_layers: int) -> float:

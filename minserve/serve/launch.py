@@ -28,7 +28,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-STARTUP_TIMEOUT_S = 120.0  # loading a model from disk; the embedded one takes a second or two
+# Loading a model from disk (the embedded one takes a second or two), and compiling its decode steps where
+# the server does (SmolLM2: ~30 s once inductor's cache is warm, three minutes or more the first time).
+STARTUP_TIMEOUT_S = 600.0
 STOP_GRACE_S = 30.0  # SIGTERM drains running requests; past this the server is killed
 
 
