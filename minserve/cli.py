@@ -211,11 +211,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         options["num_threads"] = _default_server_threads(args.device)
     if _serves_as_worker(options):
         return 0
-    if options.get("compile_model") is None:  # neither --compile nor --no-compile: where it pays
-        from minserve.engine.compilation import serving_compiles
-
-        options["compile_model"], why = serving_compiles(EngineConfig(**options))
-        print(f"decode steps {why} (--compile or --no-compile to choose)", file=sys.stderr, flush=True)
     server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS + SERVE_OVERLOAD_FIELDS)
     server["api_key"] = server.get("api_key") or os.environ.get("MINSERVE_API_KEY")
     serve(EngineConfig(**options), ServerConfig(**server), log_level=args.log_level)

@@ -6,6 +6,7 @@ a one-line error (exit code 2) in a second, not after the model has loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Callable
@@ -29,11 +30,19 @@ logger = logging.getLogger("minserve.serve")
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig, log_level: str = "info") -> None:
-    """Serve until interrupted (Ctrl-C or SIGTERM), then drain running requests and stop."""
+    """Serve until interrupted (Ctrl-C or SIGTERM), then drain running requests and stop. An engine config
+    that leaves ``compile_model`` unset compiles where it pays
+    (:func:`~minserve.engine.compilation.serving_compiles`)."""
     configure_logging(log_level)
     make_admission(server_config)  # a mistaken policy or degraded mode fails now, before the model loads
     make_degrader(server_config, lambda enabled: None)
     listener = listen(server_config.host, server_config.port)
+    if engine_config.compile_model is None:  # neither --compile nor --no-compile: where it pays
+        from minserve.engine.compilation import serving_compiles
+
+        compiles, why = serving_compiles(engine_config)
+        logger.info("decode steps %s (--compile or --no-compile to choose)", why)
+        engine_config = dataclasses.replace(engine_config, compile_model=compiles)
     engine = AsyncLLMEngine(engine_config)
     app = create_app(engine, model_name=engine_config.model, config=server_config)
     if server_config.host not in ("127.0.0.1", "localhost", "::1") and not server_config.api_key:
