@@ -279,7 +279,7 @@ def test_refusal_check_fails_without_refusals_or_with_slow_ones():
     ]
     _, rows = _failure_run(refused=3)
     slow = [{**row, "end_s": row["sent_s"] + 0.5} if row["error"] == "http_429" else row for row in rows]
-    assert "the slowest 429 took 500 ms" in failures.refusal_problems(slow)[0]
+    assert "the median 429 took 500 ms" in failures.refusal_problems(slow)[0]
 
 
 def test_timeout_check_fails_a_timeout_that_is_not_enforced():
