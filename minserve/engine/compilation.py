@@ -66,12 +66,10 @@ def serving_compiles(config: EngineConfig) -> tuple[bool, str]:
     bytes, and compiling it gained 6% (section 7). And only where the compiled path runs at all: one
     process, the torch backend, no speculation, and a C++ compiler for inductor.
     """
+    from minserve.engine.engine import resolve_device
     from minserve.model.loader import resolve_model_path
 
-    if config.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(config.device)
+    device = resolve_device(config.device)
     if device.type != "cpu" or config.backend == "triton":
         return False, "eager: compiling is for the CPU's torch backend (a GPU has CUDA graphs)"
     if config.world_size > 1 or config.speculative_config is not None:

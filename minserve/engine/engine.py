@@ -44,7 +44,7 @@ class LLMEngine:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        self.device = _resolve_device(config.device)
+        self.device = resolve_device(config.device)
         checkpoint = model_setup.Checkpoint.open(config, self.device)
         self.model_dir, self.tokenizer, self.dtype = checkpoint.path, checkpoint.tokenizer, checkpoint.dtype
         # Tensor or pipeline parallelism: the other ranks start now and build their parts beside this one's.
@@ -265,7 +265,8 @@ def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -
             and config.pipeline_parallel_size == 1)  # fmt: skip
 
 
-def _resolve_device(device: str) -> torch.device:
+def resolve_device(device: str) -> torch.device:
+    """``device`` as a torch device: ``"auto"`` is CUDA where torch sees a GPU, else the CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
