@@ -114,23 +114,25 @@ def test_a_server_without_a_cpp_compiler_runs_eagerly_and_says_why(monkeypatch):
 
 
 @pytest.mark.slow
-def test_row_switched_layers_compile_the_small_steps_and_run_the_large_ones_eagerly(monkeypatch):
+def test_row_switched_layers_compile_a_graph_for_the_codes_and_one_for_the_dense_copies(monkeypatch):
     """The tiny model held as int4 codes with dense copies (as if it came from a 4-bit file), switching
-    above two rows: decode steps of one and two sequences run compiled on the codes, three run eagerly on
-    the dense copies, and the tokens are the eager engine's."""
+    above two rows: decode steps of one and two sequences run the graph traced on the codes, three the graph
+    traced on the dense copies, and the tokens are the eager engine's."""
     monkeypatch.setattr("minserve.quant.auto.stores_int4_layers", lambda path: True)
     monkeypatch.setattr("minserve.quant.swap.tune_row_switches", _switch_above_two_rows)
     eager = LLM(device="cpu", quantization="auto", enable_tracing=False)
     compiled = LLM(device="cpu", quantization="auto", enable_tracing=False, compile_model=True)
     decode = compiled.engine.runner.compiled
-    assert decode.max_seqs == 2
-    compiled_steps = []
-    forward = decode.forward
-    decode.forward = lambda ids, positions, meta: compiled_steps.append(len(ids)) or forward(ids, positions, meta)
+    assert (decode.max_seqs, decode.wide_above) == (2, 2)
+    steps: dict[str, list[int]] = {"narrow": [], "wide": []}
+    for graph, attribute in (("narrow", "forward"), ("wide", "wide_forward")):
+        forward = getattr(decode, attribute)
+        setattr(decode, attribute, lambda ids, positions, meta, f=forward, seen=steps[graph]: seen.append(len(ids))
+                or f(ids, positions, meta))  # fmt: skip
 
     expected = [out.token_ids for out in eager.generate(PROMPTS, PARAMS)]
     assert [out.token_ids for out in compiled.generate(PROMPTS, PARAMS)] == expected
-    assert sorted(set(compiled_steps)) == [1, 2]  # three sequences: eager, on the dense copies
+    assert (sorted(set(steps["narrow"])), sorted(set(steps["wide"]))) == ([1, 2], [3])
 
 
 def _switch_above_two_rows(model: torch.nn.Module, activation_dtype: torch.dtype) -> dict[str, int]:

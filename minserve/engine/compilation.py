@@ -17,9 +17,15 @@ How this module makes that work on a paged KV cache, and why only decode steps a
   marked *unbacked*: sizes the graph may not specialize on. Plain ``dynamic=True`` treats a size of 1 as a
   constant, which would mean four compiles (one sequence or more, one block or more), some of them in the
   middle of serving.
+* **Two graphs where the weights switch format.** A layer held as codes and as a dense copy
+  (:mod:`minserve.quant.row_switch`) takes a different path above its crossover, so a checkpoint served that
+  way gets one graph for steps of few sequences (the codes) and one for steps of many (the dense copies),
+  each told its range of batch sizes so it traces one branch. The second matters as much as the first: an
+  eager step of 32 sequences of SmolLM2 spent more on small operations (gathering keys and values, norms,
+  rotary, copies) than on its matmuls, 123 ms a step against 68 ms compiled (docs/benchmarks.md, section 11).
 * **At start-up.** The compile runs on a dummy decode step when the engine is built, so a machine where
   inductor cannot compile (no C++ compiler, say) fails there with an error that says so, and no request
-  waits on a compile. The dummy step writes keys and values into block 0, which no request holds yet.
+  waits on a compile. The dummy steps write keys and values into block 0, which no request holds yet.
 * **Never again after start-up.** The graph is reused only while dynamo's guards hold: checks that what it
   traced is still what would run (the model's modules and attributes, the inputs' dtypes). Anything that
   changes those after start-up (a timer wrapped around ``model.forward``, a hook, a swapped module) would
@@ -116,29 +122,38 @@ class CompiledDecode:
                 "pass backend='torch', or leave compile_model off"
             )
         self.device = next(model.parameters()).device
-        # Layers held in two formats switch by the step's rows (:mod:`minserve.quant.row_switch`); the graph
-        # is traced for steps small enough for the narrow one, and larger steps run eagerly.
-        switches = [m.max_narrow_rows for m in model.modules() if isinstance(m, RowSwitchedLinear)]
-        self.max_seqs: int | None = min(switches, default=None)
+        # Layers held in two formats switch by the step's rows (:mod:`minserve.quant.row_switch`), so one
+        # graph is traced for steps small enough for every layer's narrow format, another for steps large
+        # enough for every layer's dense copy. Where the layers' switches differ (a file mixing 4- and 6-bit
+        # blocks, say), the steps between the two run eagerly. The output layer is not in the graph.
+        switches = [m.max_narrow_rows for m in model.layers.modules() if isinstance(m, RowSwitchedLinear)]
+        self.max_seqs: int | None = min(switches, default=None)  # the narrow graph's most sequences
+        self.wide_above: int | None = max(switches, default=None)  # the wide graph's fewest, less one
         # Only the two sizes marked in `run` are dynamic; every other (hidden size, heads, the cache's
         # shape) stays a constant, for which inductor generates tighter loops. On a CPU the generated code
         # is driven from C++ rather than Python (inductor's cpp_wrapper): a decode step launches hundreds of
         # small kernels, and a Python line per launch cost more than the kernels (SmolLM2 int4, one stream:
         # 52.6 tok/s with the Python wrapper, 78.5 with the C++ one).
         options = {"cpp_wrapper": True} if self.device.type == "cpu" else None
-        forward = functools.partial(_decode_forward, model, self.max_seqs)
-        self.forward = torch.compile(forward, fullgraph=True, options=options)
+        compile_step = functools.partial(torch.compile, fullgraph=True, options=options)
+        self.forward = compile_step(functools.partial(_narrow_step, model, self.max_seqs))
+        # Steps too large for the narrow format get a graph of their own on the dense copies: their eager
+        # step spends more on small operations (gathering keys, norms, rotary) than on its matmuls.
+        self.wide_forward = None if self.wide_above is None else compile_step(
+            functools.partial(_wide_step, model, self.wide_above)
+        )  # fmt: skip
         # A warning, not an info line: an unconfigured logger shows only warnings, and a start-up that goes
         # quiet this long without a word is what the line is for.
+        graphs = 1 if self.wide_forward is None else 2
         logger.warning(
-            "compiling the model's forward with torch.compile (decode steps; prefill stays eager): "
+            "compiling the model's forward with torch.compile (decode steps, %d graph%s; prefill stays eager): "
             "~%.0f s on a small CPU, more the first time (a C++ compile), once, before the first request",
-            expected_compile_s(model.config.num_layers),
-        )
-        self.started = False  # True once the start-up step has compiled the graph
+            graphs, "" if graphs == 1 else "s", graphs * expected_compile_s(model.config.num_layers),
+        )  # fmt: skip
+        self.started = False  # True once the start-up steps have compiled the graphs
         start_s = time.perf_counter()
         try:
-            self._dummy_step(block_size)
+            self._dummy_steps(block_size)
         except Exception as error:  # dynamo and inductor fail with many types; each means the same here
             raise ValueError(
                 f"compile_model=True: {_what_failed(error)}; leave compile_model off to run eagerly"
@@ -148,55 +163,84 @@ class CompiledDecode:
         logger.info("compiled the decode forward in %.1f s", self.compile_s)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A pure decode step (one new token for every sequence), of at most :attr:`max_seqs` sequences."""
-        small = self.max_seqs is None or len(meta.query_lens) <= self.max_seqs
-        return small and all(n == 1 for n in meta.query_lens)
+        """A pure decode step (one new token for every sequence) of a size one of the graphs takes."""
+        num_seqs = len(meta.query_lens)
+        fits = self.max_seqs is None or num_seqs <= self.max_seqs or num_seqs > self.wide_above
+        return fits and all(n == 1 for n in meta.query_lens)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The step's final hidden states ``[num_seqs, hidden]``, from the compiled graph."""
+        """The step's final hidden states ``[num_seqs, hidden]``, from the graph for its number of sequences."""
         meta.step_tensors = StepTensors.build(meta.query_lens, meta.context_lens, self.device)
-        _mark_sizes_unbacked(input_ids, positions, meta, any_batch=self.max_seqs != 1)
-        if not self.started:  # the start-up step: the one compile
-            return self.forward(input_ids, positions, meta)
+        narrow = self.wide_forward is None or len(meta.query_lens) <= self.max_seqs
+        _mark_sizes_unbacked(input_ids, positions, meta, any_batch=not narrow or self.max_seqs != 1)
+        forward = self.forward if narrow else self.wide_forward
+        if not self.started:  # the start-up steps: one compile per graph
+            return forward(input_ids, positions, meta)
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
-                return self.forward(input_ids, positions, meta)
+                return forward(input_ids, positions, meta)
         except RuntimeError as error:
             if "fail_on_recompile" not in str(error):
                 raise
             raise RuntimeError(_recompile_message(error)) from error
 
     @torch.inference_mode()
-    def _dummy_step(self, block_size: int) -> None:
-        """Two sequences of one and two tokens, both in block 0, through the compiled forward. Any sizes
-        would do (they are unbacked); two of each keeps the dummy step from looking like a special case
-        (one sequence where the graph takes no more)."""
+    def _dummy_steps(self, block_size: int) -> None:
+        """A decode step through each graph, every sequence one token in block 0. Any sizes would do (they
+        are unbacked); two sequences, where the narrow graph takes more than one, keep the step from looking
+        like a special case, and the wide graph gets one more sequence than the narrow one takes."""
         assert block_size >= 2, "the dummy step's two tokens must fit in block 0"
-        seqs = 1 if self.max_seqs == 1 else 2
-        ids, positions, slots = (torch.tensor(values[:seqs], device=self.device) for values in ([0, 0], [0, 1], [0, 1]))
-        tables = torch.zeros(seqs, 2, dtype=torch.int64, device=self.device)
-        self.run(ids, positions, AttentionMetadata([1] * seqs, [1, 2][:seqs], slots, tables))
+        sizes = [1 if self.max_seqs == 1 else 2]
+        if self.wide_forward is not None:
+            sizes.append(self.wide_above + 1)
+        for seqs in sizes:
+            ids = torch.zeros(seqs, dtype=torch.int64, device=self.device)
+            positions = torch.arange(seqs, device=self.device) % 2  # slots 0 and 1 of block 0, in turn
+            tables = torch.zeros(seqs, 2, dtype=torch.int64, device=self.device)
+            meta = AttentionMetadata([1] * seqs, (positions + 1).tolist(), positions.clone(), tables)
+            self.run(ids, positions, meta)
 
 
-def _decode_forward(
+def _narrow_step(
     model: LlamaForCausalLM,
     max_seqs: int | None,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
     meta: AttentionMetadata,
 ) -> torch.Tensor:
-    """The model's forward, after telling the compiler which unbacked sizes are the same size: it knows
-    nothing of them, not even that the batch's ids, positions, slots and context lengths are one per
-    sequence (these checks are what it assumes, and what the compiled code asserts). With ``max_seqs``,
-    the batch is at most that: a row-switched layer's test then has one answer, and one branch is traced."""
+    """The model's forward over at most ``max_seqs`` sequences (any number where ``None``): a row-switched
+    layer's test then has one answer, the narrow format, and only that branch is traced."""
+    num_seqs = _check_one_row_per_sequence(input_ids, positions, meta)
+    if max_seqs is not None and max_seqs > 1:  # one sequence: a constant (see _mark_sizes_unbacked)
+        torch._check(num_seqs <= max_seqs)
+    return model(input_ids, positions, meta)
+
+
+def _wide_step(
+    model: LlamaForCausalLM,
+    wide_above: int,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """The model's forward over more than ``wide_above`` sequences: the dense branch of every row-switched
+    layer. A function of its own, not ``_narrow_step`` with other arguments, because dynamo keeps its graphs
+    per function and checks each call against every graph kept there: two functions, one check a step."""
+    num_seqs = _check_one_row_per_sequence(input_ids, positions, meta)
+    torch._check(num_seqs > wide_above)
+    return model(input_ids, positions, meta)
+
+
+def _check_one_row_per_sequence(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> int:
+    """Tell the compiler which unbacked sizes are the same size, and return the batch's: it knows nothing
+    of them, not even that the batch's ids, positions, slots and context lengths are one per sequence
+    (these checks are what it assumes, and what the compiled code asserts)."""
     num_seqs = input_ids.shape[0]
     for tensor in (positions, meta.slot_mapping, meta.block_tables, meta.step_tensors.context_lens):
         torch._check(tensor.shape[0] == num_seqs)
     torch._check(num_seqs >= 1)
-    if max_seqs is not None and max_seqs > 1:  # one sequence: a constant (see _mark_sizes_unbacked)
-        torch._check(num_seqs <= max_seqs)
     torch._check(meta.block_tables.shape[1] >= 1)
-    return model(input_ids, positions, meta)
+    return num_seqs
 
 
 def _mark_sizes_unbacked(
