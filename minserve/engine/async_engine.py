@@ -12,7 +12,7 @@ Three parts, and the two sides never wait on each other:
   not the model) and sends them down a pipe;
 * a **reader thread** receives each step's deltas, adds them to every request's running text and token ids,
   and hands the step's outputs to the event loop in one ``call_soon_threadsafe``, where each goes to its
-  request's :class:`OutputCollector`.
+  request's :class:`~minserve.engine.output_stream.OutputCollector`.
 
 A consumer that falls behind (a slow client, a busy event loop) does not make outputs pile up: the collector
 merges a new output into the one still waiting, text deltas concatenated, as vLLM's does. The stream then
@@ -39,14 +39,15 @@ import multiprocessing
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from minserve.config import EngineConfig
 from minserve.engine.core_process import AddRequest, EngineInfo, OutputDelta, run_engine_core
 from minserve.engine.engine import EngineStats, Prompt
 from minserve.engine.input_processor import EngineInput, InputProcessor
-from minserve.engine.outputs import RequestMetrics, RequestOutput
+from minserve.engine.output_stream import OutputCollector, RequestState, put_all
+from minserve.engine.outputs import RequestOutput
 from minserve.engine.sampling_params import SamplingParams
 from minserve.engine.service_rates import PRIOR, ServiceRates
 from minserve.engine.spawning import spawning_without_the_main_script
@@ -66,78 +67,6 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine core is not serving (restarting after a failure, or shut down): the request was refused."""
-
-
-class OutputCollector:
-    """One request's latest undelivered output, on one event loop; a newer output is merged into it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._pending: RequestOutput | BaseException | None = None
-        self._ready = asyncio.Event()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """(On the event loop.) An error replaces anything pending; outputs merge, deltas concatenated."""
-        pending = self._pending
-        if isinstance(pending, BaseException):
-            return  # the request has failed: nothing after that matters
-        if isinstance(pending, RequestOutput) and isinstance(item, RequestOutput):
-            item.delta_text = pending.delta_text + item.delta_text  # the rest of `item` is the newer snapshot
-        self._pending = item
-        self._ready.set()
-
-    async def get(self) -> RequestOutput | BaseException:
-        await self._ready.wait()
-        self._ready.clear()
-        item, self._pending = self._pending, None
-        return item
-
-
-@dataclass
-class _RequestState:
-    """The front end's running totals for one request (the core sends only what each step added)."""
-
-    collector: OutputCollector
-    prompt: str | None
-    prompt_token_ids: list[int]
-    arrival_time_s: float
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    logprobs: list[float] | None = None
-    top_logprobs: list[dict[int, float]] | None = None
-    deadline_at_s: float | None = None  # perf_counter time past which the front end ends it itself
-    listening: bool = True  # False once the caller left: outputs are still counted, no longer delivered
-    finished: bool = False  # its final output came: it holds nothing in the core, though not yet consumed
-
-    def apply(self, delta: OutputDelta) -> RequestOutput:
-        self.token_ids += delta.new_token_ids
-        self.text += delta.delta_text
-        if delta.new_logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.new_logprobs
-        if delta.new_top_logprobs is not None:
-            self.top_logprobs = (self.top_logprobs or []) + delta.new_top_logprobs
-        return RequestOutput(
-            request_id=delta.request_id,
-            prompt=self.prompt,
-            prompt_token_ids=self.prompt_token_ids,
-            text=self.text,
-            token_ids=list(self.token_ids),
-            finish_reason=delta.finish_reason,
-            metrics=delta.metrics or RequestMetrics(arrival_time_s=self.arrival_time_s),
-            num_cached_tokens=delta.num_cached_tokens,
-            stop_reason=delta.stop_reason,
-            delta_text=delta.delta_text,
-            logprobs=None if self.logprobs is None else list(self.logprobs),
-            top_logprobs=None if self.top_logprobs is None else list(self.top_logprobs),
-            error=delta.error,
-        )
-
-    def failed(self, request_id: str, message: str, reason: str = "error") -> RequestOutput:
-        """The final output of a request whose engine core died under it (or, ``reason="deadline"``, that
-        the front end stopped at its deadline)."""
-        metrics = RequestMetrics(self.arrival_time_s, finish_time_s=time.perf_counter())
-        delta = OutputDelta(request_id, [], "", reason, None, 0, None, metrics, error=message)
-        return self.apply(delta)
 
 
 class AsyncLLMEngine:
@@ -167,7 +96,7 @@ class AsyncLLMEngine:
             self.tokenizer, self.info.vocab_size, self.info.max_model_len, self.info.kv_capacity_tokens
         )
         self.max_model_len = self.info.max_model_len
-        self._requests: dict[str, _RequestState] = {}
+        self._requests: dict[str, RequestState] = {}
         self._trace_reply: list[TraceEvent] | None = None
         self._trace_ready = threading.Event()
         self._reader = threading.Thread(target=self._supervise, name="minserve-engine-reader", daemon=True)
@@ -250,7 +179,7 @@ class AsyncLLMEngine:
         prompt, ids, params = request.prompt, request.prompt_token_ids, request.params
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in flight")
-        state = _RequestState(
+        state = RequestState(
             OutputCollector(asyncio.get_running_loop()), prompt if isinstance(prompt, str) else None, ids, arrival_s
         )
         if deadline_s is not None:
@@ -263,7 +192,7 @@ class AsyncLLMEngine:
             raise
         return self._outputs(request_id, state)
 
-    async def _outputs(self, request_id: str, state: _RequestState) -> AsyncIterator[RequestOutput]:
+    async def _outputs(self, request_id: str, state: RequestState) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while not finished:
@@ -279,7 +208,7 @@ class AsyncLLMEngine:
                 state.listening = False  # still counted when the core reports it
                 self.abort(request_id)
 
-    async def _next(self, request_id: str, state: _RequestState) -> RequestOutput | BaseException:
+    async def _next(self, request_id: str, state: RequestState) -> RequestOutput | BaseException:
         """The request's next output, or past its deadline its final one, made here: counted, and the
         request aborted in the core (a stopped core frees it when it resumes)."""
         if state.deadline_at_s is None:
@@ -470,7 +399,7 @@ class AsyncLLMEngine:
             items.append((delta.request_id, self._finished_or_not(delta.request_id, state, state.apply(delta))))
         self._deliver(items)
 
-    def _finished_or_not(self, request_id: str, state: _RequestState, output: RequestOutput) -> RequestOutput:
+    def _finished_or_not(self, request_id: str, state: RequestState, output: RequestOutput) -> RequestOutput:
         """Count a final output (``on_finished``) and forget a request nobody listens to any more."""
         if output.finished:
             state.finished = True
@@ -499,9 +428,4 @@ class AsyncLLMEngine:
                 by_loop.setdefault(state.collector.loop, []).append((state.collector, item))
         for loop, batch in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that event loop is closed
-                loop.call_soon_threadsafe(_put_all, batch)
-
-
-def _put_all(batch: list[tuple[OutputCollector, RequestOutput | BaseException]]) -> None:
-    for collector, item in batch:
-        collector.put(item)
+                loop.call_soon_threadsafe(put_all, batch)

@@ -224,8 +224,8 @@ def _wide_step(
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """The model's forward over more than ``wide_above`` sequences: the dense branch of every row-switched
-    layer. A function of its own, not ``_narrow_step`` with other arguments, because dynamo keeps its graphs
-    per function and checks each call against every graph kept there: two functions, one check a step."""
+    layer. A function of its own, so that each graph's guards tell the two apart by the function they
+    traced (the first thing they check) rather than by an argument's value further down."""
     num_seqs = _check_one_row_per_sequence(input_ids, positions, meta)
     torch._check(num_seqs > wide_above)
     return model(input_ids, positions, meta)
