@@ -13,6 +13,7 @@ import torch
 
 import minserve.model.attention as attention
 from minserve.model.attention import AttentionMetadata, decode_attention, paged_attention
+from minserve.model.kv_quant import quantize_kv
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 6, 2, 8, 4
 SCALE = HEAD_DIM**-0.5
@@ -108,3 +109,18 @@ def test_compiled_steps_decode_attention_matches(dtype):
                            torch.tensor(context_lens), SCALE)  # fmt: skip
     torch.testing.assert_close(out.double(), expected(query, meta, keys, values, None),
                                atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_compiled_steps_decode_attention_reads_an_8bit_cache_as_the_eager_path_does(window):
+    """The tensor-only path with int8 keys and values (widened in its sums) and a sliding window: the eager
+    path's output from the same codes and scales."""
+    context_lens = [3, 18, 11]
+    query, k, v, cache, meta, _, _ = paged_step(context_lens, [1, 1, 1], torch.float32, seed=3)
+    scales = cache.abs().amax(dim=(1, 2, 4)) / 127  # [2, kv_heads]
+    codes = torch.stack([quantize_kv(cache[i].flatten(0, 1), scales[i], torch.int8) for i in (0, 1)])
+    codes = codes.view(cache.shape)
+    eager = paged_attention(query, k, v, codes.clone(), meta, SCALE, window, kv_scales=scales)
+    compiled_path = decode_attention(query, k, v, codes.clone(), meta.slot_mapping, meta.block_tables,
+                                     torch.tensor(context_lens), SCALE, window, kv_scales=scales)  # fmt: skip
+    torch.testing.assert_close(compiled_path, eager, atol=1e-5, rtol=1e-5)

@@ -262,14 +262,21 @@ def _attend_by_sums(
     keys, values = cache.unbind(0)
     grouped = query.view(batch, 1, kv_heads, heads // kv_heads, head_dim).float()  # [B, 1, KVH, G, D]
     scores = (grouped * keys[:, :, :, None, :].float()).sum(-1) * scale  # [B, T, KVH, G]
-    key_pos = torch.arange(keys.shape[1], device=query.device)[None, :]
-    mask = key_pos < context_lens[:, None]
-    if sliding_window is not None:
-        mask &= key_pos > context_lens[:, None] - 1 - sliding_window
+    mask = _context_mask(keys.shape[1], context_lens, sliding_window)
     scores = scores.masked_fill(~mask[:, :, None, None], float("-inf"))
     weights = scores.softmax(dim=1)
     out = (weights[..., None] * values[:, :, :, None, :].float()).sum(1)  # [B, KVH, G, D]
     return out.reshape(batch, heads, head_dim).to(query.dtype)
+
+
+def _context_mask(num_keys: int, context_lens: torch.Tensor, sliding_window: int | None) -> torch.Tensor:
+    """``[batch, num_keys]``, True where key position ``j`` counts for a sequence's one query at position
+    ``context_lens[i] - 1``: within its context and, with a sliding window, within the window."""
+    key_pos = torch.arange(num_keys, device=context_lens.device)[None, :]
+    mask = key_pos < context_lens[:, None]
+    if sliding_window is not None:
+        mask &= key_pos > context_lens[:, None] - 1 - sliding_window
+    return mask
 
 
 DECODE_SLICE_BYTES = 8 << 20
@@ -339,10 +346,7 @@ def _attend_one_query(
     """Each sequence's one query over the blocks of its row of ``tables``, keys past its context masked."""
     gathered = _widened(_blocks(kv_cache, tables).flatten(2, 3), kv_scales, query.dtype)
     keys, values = gathered.unbind(0)  # each [batch, blocks * block_size, h, d]
-    key_pos = torch.arange(keys.shape[1], device=query.device)[None, :]
-    mask = key_pos < context_lens[:, None]
-    if sliding_window is not None:
-        mask &= key_pos > context_lens[:, None] - 1 - sliding_window
+    mask = _context_mask(keys.shape[1], context_lens, sliding_window)
     # torch's fused kernel wins in float32 and off the CPU; in 16 bits on a CPU it is the slow one (below).
     if query.dtype == torch.float32 or query.device.type != "cpu":
         out = F.scaled_dot_product_attention(
