@@ -43,6 +43,7 @@ import functools
 import logging
 import shutil
 import time
+from collections.abc import Callable
 
 import torch
 from torch._dynamo.decorators import mark_unbacked
@@ -139,12 +140,12 @@ class CompiledDecode:
         self.forward = compile_step(functools.partial(_narrow_step, model, self.max_seqs))
         # Steps too large for the narrow format get a graph of their own on the dense copies: their eager
         # step spends more on small operations (gathering keys, norms, rotary) than on its matmuls.
-        self.wide_forward = None if self.wide_above is None else compile_step(
+        self.wide_forward = None if self.max_seqs is None else compile_step(
             functools.partial(_wide_step, model, self.wide_above)
         )  # fmt: skip
         # A warning, not an info line: an unconfigured logger shows only warnings, and a start-up that goes
         # quiet this long without a word is what the line is for.
-        graphs = 1 if self.wide_forward is None else 2
+        graphs = 1 if self.max_seqs is None else 2
         logger.warning(
             "compiling the model's forward with torch.compile (decode steps, %d graph%s; prefill stays eager): "
             "~%.0f s on a small CPU, more the first time (a C++ compile), once, before the first request",
@@ -164,16 +165,22 @@ class CompiledDecode:
 
     def can_run(self, meta: AttentionMetadata) -> bool:
         """A pure decode step (one new token for every sequence) of a size one of the graphs takes."""
-        num_seqs = len(meta.query_lens)
-        fits = self.max_seqs is None or num_seqs <= self.max_seqs or num_seqs > self.wide_above
-        return fits and all(n == 1 for n in meta.query_lens)
+        return self._graph_for(len(meta.query_lens)) is not None and all(n == 1 for n in meta.query_lens)
+
+    def _graph_for(self, num_seqs: int) -> Callable[..., torch.Tensor] | None:
+        """The compiled forward that takes a step of ``num_seqs`` sequences; None between the two graphs'
+        ranges (layers whose switches differ)."""
+        if self.max_seqs is None or num_seqs <= self.max_seqs:
+            return self.forward
+        return self.wide_forward if num_seqs > self.wide_above else None
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The step's final hidden states ``[num_seqs, hidden]``, from the graph for its number of sequences."""
         meta.step_tensors = StepTensors.build(meta.query_lens, meta.context_lens, self.device)
-        narrow = self.wide_forward is None or len(meta.query_lens) <= self.max_seqs
-        _mark_sizes_unbacked(input_ids, positions, meta, any_batch=not narrow or self.max_seqs != 1)
-        forward = self.forward if narrow else self.wide_forward
+        forward = self._graph_for(len(meta.query_lens))
+        assert forward is not None, "can_run says which steps a graph takes"
+        one_sequence_graph = forward is self.forward and self.max_seqs == 1
+        _mark_sizes_unbacked(input_ids, positions, meta, any_batch=not one_sequence_graph)
         if not self.started:  # the start-up steps: one compile per graph
             return forward(input_ids, positions, meta)
         try:
@@ -191,7 +198,7 @@ class CompiledDecode:
         like a special case, and the wide graph gets one more sequence than the narrow one takes."""
         assert block_size >= 2, "the dummy step's two tokens must fit in block 0"
         sizes = [1 if self.max_seqs == 1 else 2]
-        if self.wide_forward is not None:
+        if self.wide_above is not None:
             sizes.append(self.wide_above + 1)
         for seqs in sizes:
             ids = torch.zeros(seqs, dtype=torch.int64, device=self.device)
