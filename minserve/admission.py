@@ -164,6 +164,10 @@ class QueueLength(AdmissionPolicy):
         return cls(config.max_waiting_requests)
 
     def decide(self, request: RequestFacts, queue: QueueState) -> Refusal | None:
+        return self.refuse_full(queue)
+
+    def refuse_full(self, queue: QueueState) -> Refusal | None:
+        """The refusal of any request while the queue is full, whatever it asks for; ``None`` below the limit."""
         if queue.num_waiting < self.max_waiting_requests:
             return None
         # One more request than the excess must leave the queue; each brings, on average, the mean prompt.
@@ -288,6 +292,13 @@ def make_admission(config: ServerConfig) -> AdmissionPolicy:
     return policy if isinstance(policy, QueueLength) else FirstRefusal(QueueLength.from_config(config), policy)
 
 
+def queue_limit(config: ServerConfig) -> QueueLength | None:
+    """The queue-length limit every named policy keeps, which the server applies once more before it tokenizes
+    a request: a full queue then refuses at once, without the tokenizer's work in a worker thread (which waits
+    for a core while the engine's step holds both). ``None`` for a policy object, which decides alone."""
+    return None if isinstance(config.admission, AdmissionPolicy) else QueueLength.from_config(config)
+
+
 __all__ = [
     "ADMISSION_POLICIES",
     "AdmissionPolicy",
@@ -300,5 +311,6 @@ __all__ = [
     "TokenBudget",
     "budget_of",
     "make_admission",
+    "queue_limit",
     "retry_after_header",
 ]

@@ -130,6 +130,13 @@ def test_full_queue_answers_429_with_retry_after_at_once():
         response = httpx.post(running.url + "/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=30)
         assert response.status_code == 429 and response.headers["retry-after"] == "2"
         assert response.json()["error"]["code"] == "queue_full"
+        # Refused before the prompt is tokenized or checked: a full queue costs the server no tokenizer work.
+        processed = []
+        process = running.engine.inputs.process
+        running.engine.inputs.process = lambda *args: processed.append(args) or process(*args)
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 50}]}
+        response = httpx.post(running.url + "/v1/chat/completions", json=chat, timeout=30)
+        assert response.status_code == 429 and processed == []
     finally:
         running.stop()
 

@@ -37,7 +37,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from minserve.admission import QueueState, RequestFacts, make_admission, retry_after_header
+from minserve.admission import QueueState, Refusal, RequestFacts, make_admission, queue_limit, retry_after_header
 from minserve.config import ServerConfig
 from minserve.engine.async_engine import SHUTDOWN_TIMEOUT_S, AsyncLLMEngine, EngineDeadError
 from minserve.engine.input_processor import EngineInput
@@ -100,6 +100,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
     own admission controller in there."""
     config = config or ServerConfig()
     admission = make_admission(config)
+    full_queue = queue_limit(config)
     degrader = degrade.make_degrader(config, engine.set_speculation)
     metrics = ServerMetrics()
     engine.on_finished = metrics.observe_finished  # every finished request, cancelled and failed ones included
@@ -234,6 +235,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
                            param="model", code="model_not_found")  # fmt: skip
         own_timeout_s = _own_timeout_s(body.timeout, request.headers.get(TIMEOUT_HEADER), config.request_timeout_s)
         timeout_s = own_timeout_s or config.request_timeout_s
+        if full_queue is not None:  # a full queue refuses before the tokenizer's work; _admit decides exactly
+            _raise_if_refused(full_queue.refuse_full(observe_load()[0]))
         prompt, ids = await _off_the_loop(render)
         if params.structured_outputs is not None:  # the first one builds the tokenizer's index (~1 s): not here
             await _off_the_loop(lambda: _refuse_invalid(lambda: engine.inputs.grammar(params)))
@@ -274,11 +277,13 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         if degraded:
             params, refusal = degrader.apply(request.num_prompt_tokens, params, queue)
         facts = RequestFacts(request.num_prompt_tokens, params.max_tokens, own_timeout_s)
-        refusal = refusal or admission.decide(facts, queue)
+        _raise_if_refused(refusal or admission.decide(facts, queue))
+        return dataclasses.replace(request, params=params), degraded
+
+    def _raise_if_refused(refusal: Refusal | None) -> None:
         if refusal is not None:
             retry_after = retry_after_header(refusal.retry_after_s, config.retry_after_s)
             raise ApiError(429, refusal.message, code=refusal.reason, headers={"Retry-After": retry_after})
-        return dataclasses.replace(request, params=params), degraded
 
     async def _sse(reply: Reply, outputs: AsyncIterator[RequestOutput], timeout_message: str) -> AsyncIterator[str]:
         first = True
