@@ -41,7 +41,7 @@ def run(llm: LLM, batch: list[list[int]], params: SamplingParams) -> tuple[list[
     llm.generate(batch[:2], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     prefilled: list[bool] = []
     llm.engine.core.observers.append(lambda report: prefilled.append(report.num_tokens > len(report.scheduled)))
-    if llm.engine.config.pipeline_parallel_size > 1:
+    if llm.engine.config.parallel.pipeline_parallel_size > 1:
         llm.engine.pipeline_stats(reset=True)
     start_s = time.perf_counter()
     outputs = llm.generate(batch, params)

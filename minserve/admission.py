@@ -107,7 +107,9 @@ class QueueState:
     @classmethod
     def of(cls, engine: AsyncLLMEngine) -> QueueState:
         """The state of ``engine`` now (synchronous: nothing it reads waits on the core)."""
-        return cls.of_counts(engine.stats(), engine.num_queued_prompt_tokens, engine.rates, engine.config.max_num_seqs)
+        return cls.of_counts(
+            engine.stats(), engine.num_queued_prompt_tokens, engine.rates, engine.config.scheduler.max_num_seqs
+        )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 from minserve import slo
 from minserve.chat import DESCRIPTION as CHAT_DESCRIPTION
 from minserve.chat import add_sampling_flags, sampling_params, start_chat
-from minserve.config import EngineConfig, ServerConfig
+from minserve.config import CheckpointConfig, EngineConfig, ServerConfig
 from minserve.flags import ENGINE_MODEL, ENGINE_SCHEDULING, add_config_flags, config_argv, config_options
 from minserve.grade import add_grade_command
 from minserve.model.config import ModelConfig
@@ -193,8 +193,9 @@ def _serves_as_worker(engine_options: dict) -> bool:
     launched = launched_rank()
     if launched is None:
         return False
-    config = EngineConfig(**engine_options)
-    check_launch(launched, config.world_size)  # on every rank, rank 0 included: nobody waits for a missing rank
+    config = EngineConfig.from_options(**engine_options)
+    # On every rank, rank 0 included: nobody waits for a missing rank.
+    check_launch(launched, config.parallel.world_size)
     if launched.rank == 0:
         return False
     serve_as_worker(config)
@@ -213,7 +214,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     server = config_options(args, ServerConfig, SERVE_SERVER_FIELDS + SERVE_OVERLOAD_FIELDS)
     server["api_key"] = server.get("api_key") or os.environ.get("MINSERVE_API_KEY")
-    serve(EngineConfig(**options), ServerConfig(**server), log_level=args.log_level)
+    serve(EngineConfig.from_options(**options), ServerConfig(**server), log_level=args.log_level)
     return 0
 
 
@@ -247,7 +248,7 @@ def _replica_serve_argv(args: argparse.Namespace) -> list[str]:
     if args.replicas < 0:
         raise ValueError(f"--replicas must be ≥ 0, got {args.replicas}")
     if not args.replicas:
-        if argv or args.model != EngineConfig.model:
+        if argv or args.model != CheckpointConfig.model:
             raise ValueError("model and engine flags are for replicas started here: add --replicas N")
         return argv
     threads = _default_server_threads(args.device) if args.num_threads is None else None

@@ -1,13 +1,14 @@
 """Command-line flags made from the configuration dataclasses, so a setting is declared once.
 
-Every field of :class:`~minserve.config.EngineConfig`, :class:`~minserve.config.ServerConfig` (and any other
-config dataclass) becomes a flag: ``max_num_seqs`` is ``--max-num-seqs``, typed from its annotation, with its
-default and the help text of its :func:`~minserve.config.option`. A boolean that is on by default becomes a
+Every setting of :class:`~minserve.config.EngineConfig` (its groups' fields, flat), of
+:class:`~minserve.config.ServerConfig` (and of any other config dataclass) becomes a flag: ``max_num_seqs``
+is ``--max-num-seqs``, typed from its annotation, with its default and the help text of its
+:func:`~minserve.config.option`. A boolean that is on by default becomes a
 ``--no-…`` switch (``enable_prefix_caching`` → ``--no-prefix-caching``), one that is off a plain switch, and
 one that may be left unset (``bool | None``: the command decides) gets both (``--compile``, ``--no-compile``).
 
     add_config_flags(parser, EngineConfig, ENGINE_SCHEDULING)
-    EngineConfig(**config_options(args, EngineConfig, ENGINE_SCHEDULING))
+    EngineConfig.from_options(**config_options(args, EngineConfig, ENGINE_SCHEDULING))
 
 ``unset=True`` makes every default ``None``, for a command whose defaults come from elsewhere (``minserve
 plan simulate`` takes the calibrated engine's): only the flags given are passed on.
@@ -18,23 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING
+
+from minserve.config import EngineConfig, Option, SchedulerConfig, options_of
 
 # The groups of engine fields the commands take.
 ENGINE_MODEL = ("model", "dtype", "quantization", "quant_group_size", "kv_cache_dtype", "device", "backend",
                 "tensor_parallel_size", "enable_expert_parallel", "pipeline_parallel_size",
                 "num_micro_batches")  # fmt: skip
-ENGINE_SCHEDULING = (
-    "max_model_len",
-    "block_size",
-    "num_kv_blocks",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enable_prefix_caching",
-    "enable_chunked_prefill",
-    "scheduling_policy",
-    "preemption_mode",
-)
+# The scheduler's group, whole: its settings as the engine takes them (the host blocks it sizes itself).
+ENGINE_SCHEDULING = tuple(name for name in options_of(SchedulerConfig) if name in EngineConfig.options())
 _TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -44,8 +38,8 @@ def add_config_flags(
     names: Sequence[str],
     unset: bool = False,
 ) -> None:
-    """Add a flag for each field of ``config_cls`` named in ``names`` (in that order)."""
-    by_name = {f.name: f for f in fields(config_cls)}
+    """Add a flag for each setting of ``config_cls`` named in ``names`` (in that order)."""
+    by_name = options_of(config_cls)
     for name in names:
         _add_flag(parser, by_name[name], unset)
 
@@ -58,7 +52,7 @@ def config_options(args: argparse.Namespace, config_cls: type, names: Sequence[s
 def config_argv(args: argparse.Namespace, config_cls: type, names: Sequence[str]) -> list[str]:
     """The inverse of :func:`config_options`: those fields' values in ``args`` as command-line flags, the
     ones left at their defaults (or unset) left out. What a command hands to the ``minserve serve`` it starts."""
-    by_name = {f.name: f for f in fields(config_cls)}
+    by_name = options_of(config_cls)
     argv: list[str] = []
     for name in names:
         f, value = by_name[name], getattr(args, name, None)
@@ -74,11 +68,11 @@ def config_argv(args: argparse.Namespace, config_cls: type, names: Sequence[str]
     return argv
 
 
-def _flag_name(f: Field) -> str:
+def _flag_name(f: Option) -> str:
     return f.metadata.get("flag") or f.name.replace("_", "-")
 
 
-def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: Field, unset: bool) -> None:
+def _add_flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: Option, unset: bool) -> None:
     meta = f.metadata
     flag = _flag_name(f)
     default = None if unset or f.default is MISSING else f.default

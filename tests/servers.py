@@ -20,7 +20,7 @@ class RunningServer:
 
     def __init__(self, server_config: ServerConfig | None = None, model_path=None, **engine_options) -> None:
         """``model_path``: a checkpoint to serve under the name ``MODEL`` (default: the embedded model)."""
-        self.engine = AsyncLLMEngine(EngineConfig(model=str(model_path or MODEL), **engine_options))
+        self.engine = AsyncLLMEngine(EngineConfig.from_options(model=str(model_path or MODEL), **engine_options))
         self.serving = ServerThread(create_app(self.engine, MODEL, server_config or ServerConfig()))
         self.port, self.url = self.serving.port, self.serving.url
 

@@ -8,6 +8,7 @@ import torch
 
 from minserve import LLM, SamplingParams
 from minserve.config import EngineConfig
+from minserve.engine.model_setup import quant_scheme
 from minserve.model.loader import load_model, resolve_model_path
 from minserve.quant import QuantizationError, QuantScheme, quantize_model
 from minserve.quant.awq import ALPHA_GRID, best_scale, fold_input_scales, output_error
@@ -75,7 +76,8 @@ def test_int4_awq_names_round_trip_and_needs_calibration_tokens():
     assert format_options("int4-awq+kv-int8") == {
         "quantization": "int4-awq", "quant_group_size": None, "kv_cache_dtype": "int8"
     }  # fmt: skip
-    assert EngineConfig(quantization="int4-awq").quant_scheme(Path("any"), torch.device("cpu")).activation_aware
+    config = EngineConfig.from_options(quantization="int4-awq")
+    assert quant_scheme(config, Path("any"), torch.device("cpu")).activation_aware
     with pytest.raises(QuantizationError, match="calibration"):
         quantize_model(_tiny_model(), scheme)
 

@@ -90,7 +90,7 @@ def test_a_server_compiles_where_decode_is_bound_by_dispatch(options, compiles):
     from minserve.config import EngineConfig
     from minserve.engine.compilation import serving_compiles
 
-    decided, why = serving_compiles(EngineConfig(device="cpu", **options))
+    decided, why = serving_compiles(EngineConfig.from_options(device="cpu", **options))
     assert decided is compiles
     assert why.startswith("compiled" if compiles else "eager")
 
@@ -100,8 +100,8 @@ def test_a_server_on_device_auto_decides_for_the_device_it_resolves_to():
     from minserve.engine.compilation import serving_compiles
 
     here = "cuda" if torch.cuda.is_available() else "cpu"
-    auto = serving_compiles(EngineConfig(model="smollm2-135m-instruct"))
-    assert auto == serving_compiles(EngineConfig(model="smollm2-135m-instruct", device=here))
+    auto = serving_compiles(EngineConfig.from_options(model="smollm2-135m-instruct"))
+    assert auto == serving_compiles(EngineConfig.from_options(model="smollm2-135m-instruct", device=here))
 
 
 def test_a_server_without_a_cpp_compiler_runs_eagerly_and_says_why(monkeypatch):
@@ -109,7 +109,7 @@ def test_a_server_without_a_cpp_compiler_runs_eagerly_and_says_why(monkeypatch):
     from minserve.engine import compilation
 
     monkeypatch.setattr(compilation, "_cpp_compiler", lambda: None)
-    decided, why = compilation.serving_compiles(EngineConfig(model="smollm2-135m-instruct", device="cpu"))
+    decided, why = compilation.serving_compiles(EngineConfig.from_options(model="smollm2-135m-instruct", device="cpu"))
     assert not decided and "C++ compiler" in why
 
 

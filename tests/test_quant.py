@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 from minserve import LLM, SamplingParams
-from minserve.config import EngineConfig
 from minserve.quant import QuantizationError, QuantScheme, formats, quantize, quantize_model, weight_bytes
 from minserve.quant.formats import max_round_trip_error
 from minserve.quant.linear import ACTIVATION_DTYPE, QUANTIZED_LINEARS, e4m3_as_float16
@@ -102,15 +101,16 @@ def test_a_layer_no_int4_group_tiles_keeps_int8_and_says_so(caplog):
         ({"quantization": "int4", "quant_group_size": 48}, "group size 48 is not one of 32, 64, 128, 256"),
     ],
 )
-def test_an_impossible_quantization_fails_when_the_config_is_built(options, message):
+def test_an_impossible_quantization_fails_before_the_model_loads(options, message, monkeypatch):
+    monkeypatch.setattr("minserve.engine.model_setup.load_model", lambda *args: pytest.fail("the model was loaded"))
     with pytest.raises(QuantizationError, match=message):
-        EngineConfig(**options)
+        LLM(**options)
 
 
 def test_fp8_on_a_torch_without_float8_says_what_to_do_instead(monkeypatch):
     monkeypatch.setattr("minserve.quant.swap.FP8_DTYPE", None)
     with pytest.raises(QuantizationError, match="float8_e4m3fn.*use int8"):
-        EngineConfig(quantization="fp8")
+        LLM(quantization="fp8")
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_cuda_graphs_only_on_a_gpu_with_triton():
     assert uses_cuda_graphs(config, torch.device("cuda"), "triton")
     assert not uses_cuda_graphs(config, torch.device("cpu"), "triton")
     assert not uses_cuda_graphs(config, torch.device("cuda"), "torch")
-    assert not uses_cuda_graphs(EngineConfig(enable_cuda_graphs=False), torch.device("cuda"), "triton")
+    assert not uses_cuda_graphs(EngineConfig.from_options(enable_cuda_graphs=False), torch.device("cuda"), "triton")
 
 
 def test_triton_backend_reads_and_writes_an_int8_cache_as_torch_does(monkeypatch):

@@ -207,7 +207,7 @@ class _Server:
     """The real server with the learner's policy, on a free loopback port, in a thread."""
 
     def __init__(self, policy: AdmissionPolicy, **engine_options) -> None:
-        self.engine = AsyncLLMEngine(EngineConfig(model=MODEL, **engine_options))
+        self.engine = AsyncLLMEngine(EngineConfig.from_options(model=MODEL, **engine_options))
         self.serving = ServerThread(create_app(self.engine, MODEL, ServerConfig(admission=policy)), 30.0)
         self.url = self.serving.url
 

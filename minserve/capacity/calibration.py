@@ -138,7 +138,7 @@ def calibrate(llm: LLM | LLMEngine, terms: Sequence[str] | None = None, **worklo
     if terms is None:
         terms = DEFAULT_TERMS.get(backend, DEFAULT_TERMS["triton"])
     info = {
-        "model": engine.config.model,
+        "model": engine.config.checkpoint.model,
         "device": str(engine.device),
         "dtype": str(engine.dtype).removeprefix("torch."),
         "backend": backend,

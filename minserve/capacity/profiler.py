@@ -162,7 +162,7 @@ def profile(
     prefill = profile_prefill(engine, prompt_lengths, repeats, hw, _prompts=prompts)
     decode = profile_decode(engine, batch_sizes, context_lengths, decode_steps, hw, _prompts=prompts)
     return Profile(
-        model=engine.config.model,
+        model=engine.config.checkpoint.model,
         device=str(engine.device),
         dtype=_dtype_name(engine),
         hardware=hw,
@@ -296,7 +296,7 @@ def _check_decode_fits(engine: LLMEngine, batch: int, context: int, steps: int) 
         raise ValueError(
             f"context {context} + {stagger + steps + 2} decoded tokens reaches max_model_len {engine.max_model_len}"
         )
-    needed = batch * blocks_per_sequence(longest, engine.config.block_size)
+    needed = batch * blocks_per_sequence(longest, engine.config.scheduler.block_size)
     if needed > num_blocks:
         raise ValueError(f"batch {batch} × context {context} needs {needed} KV blocks; the engine has {num_blocks}")
 

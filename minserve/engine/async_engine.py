@@ -1,6 +1,6 @@
 """The engine for a server: the engine core steps in its own process; asyncio code awaits each request's outputs.
 
-    engine = AsyncLLMEngine(EngineConfig(model="minserve-tiny"))
+    engine = AsyncLLMEngine(EngineConfig.from_options(model="minserve-tiny"))
     async for output in engine.add_request("def fib(n):", SamplingParams(max_tokens=16), request_id="r1"):
         print(output.delta_text, end="")
 
@@ -108,7 +108,7 @@ class AsyncLLMEngine:
         self._conn, child_conn = context.Pipe()
         # A daemonic process may not start processes of its own, and a parallel core starts its ranks.
         # Either way the core ends with the front end: its pipe closes, and it returns.
-        daemon = self.config.world_size == 1
+        daemon = self.config.parallel.world_size == 1
         self._process = context.Process(
             target=run_engine_core, args=(self.config, child_conn), name="minserve-engine-core", daemon=daemon
         )

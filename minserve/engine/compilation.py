@@ -74,14 +74,15 @@ def serving_compiles(config: EngineConfig) -> tuple[bool, str]:
     process, the torch backend, no speculation, and a C++ compiler for inductor.
     """
     from minserve.engine.engine import resolve_device
+    from minserve.engine.model_setup import quant_scheme
     from minserve.model.loader import resolve_model_path
 
-    device = resolve_device(config.device)
-    if device.type != "cpu" or config.backend == "triton":
+    device = resolve_device(config.device.device)
+    if device.type != "cpu" or config.device.backend == "triton":
         return False, "eager: compiling is for the CPU's torch backend (a GPU has CUDA graphs)"
-    if config.world_size > 1 or config.speculative_config is not None:
+    if config.parallel.world_size > 1 or config.speculative is not None:
         return False, "eager: parallel and speculative engines run eager decode steps"
-    scheme = config.quant_scheme(resolve_model_path(config.model), device)
+    scheme = quant_scheme(config, resolve_model_path(config.checkpoint.model), device)
     if scheme is None or scheme.format not in DISPATCH_BOUND_FORMATS:
         return False, "eager: float weights, whose decode steps are bound by reading them"
     if _cpp_compiler() is None:

@@ -96,6 +96,8 @@ class EngineCore:
         self.stop_token_ids = stop_token_ids
         self.tracer = tracer or Tracer(enabled=False)
         self.max_model_len = config.max_model_len  # None: no context limit (a simulation may run without one)
+        if not config.sized:
+            raise ValueError("the engine core needs a KV block count: SchedulerConfig(num_kv_blocks=…)")
         self.block_manager = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching, config.host_blocks
         )

@@ -141,7 +141,7 @@ def engine_facts(engine: LLMEngine) -> dict:
         "kv_block_size_tokens": blocks.block_size,
         "kv_cache_tokens": blocks.num_blocks * blocks.block_size,
         "kv_cache_bytes": getattr(engine.runner, "kv_cache_bytes", None),  # a parallel runner may not say
-        "max_num_seqs": config.max_num_seqs,
+        "max_num_seqs": config.scheduler.max_num_seqs,
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
     }
 

@@ -23,7 +23,6 @@ from minserve.engine.detokenizer import IncrementalDetokenizer
 from minserve.engine.input_processor import InputProcessor
 from minserve.engine.model_runner import CacheShape, ModelRunner
 from minserve.engine.outputs import RequestMetrics, RequestOutput
-from minserve.engine.preemption import make_preemption
 from minserve.engine.sampler import make_generator
 from minserve.engine.sampling_params import SamplingParams, check_request_options
 from minserve.engine.sequence import Sequence
@@ -42,31 +41,31 @@ GPU_MEMORY_UTILIZATION = 0.9  # default share of free GPU memory given to the KV
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
-        self.device = resolve_device(config.device)
+        if config.device.num_threads is not None:
+            torch.set_num_threads(config.device.num_threads)
+        self.device = resolve_device(config.device.device)
         checkpoint = model_setup.Checkpoint.open(config, self.device)
         self.model_dir, self.tokenizer, self.dtype = checkpoint.path, checkpoint.tokenizer, checkpoint.dtype
         # Tensor or pipeline parallelism: the other ranks start now and build their parts beside this one's.
         self.parallel = None
-        if config.tensor_parallel_size > 1:
+        if config.parallel.tensor_parallel_size > 1:
             check_tensor_parallel(  # before any rank starts
-                checkpoint.model_config, config.tensor_parallel_size, config.enable_expert_parallel
+                checkpoint.model_config, config.parallel.tensor_parallel_size, config.parallel.enable_expert_parallel
             )
             self.parallel = tensor_parallel.start(config, self.device)
-        elif config.pipeline_parallel_size > 1:
-            check_pipeline_parallel(checkpoint.model_config, config.pipeline_parallel_size)  # likewise
+        elif config.parallel.pipeline_parallel_size > 1:
+            check_pipeline_parallel(checkpoint.model_config, config.parallel.pipeline_parallel_size)  # likewise
             self.parallel = pipeline_parallel.start(config, self.device)
-        comm = self.parallel.comm if config.tensor_parallel_size > 1 else None
+        comm = self.parallel.comm if config.parallel.tensor_parallel_size > 1 else None
         loaded = model_setup.load(config, self.device, checkpoint, comm)
         self.model, self.kv_cache_dtype, self.kv_scales = loaded.model, loaded.kv_cache_dtype, loaded.kv_scales
         self.model_config = self.model.config
-        if config.pipeline_parallel_size > 1:  # stage 0 keeps its layers, calibrated above on the whole model
+        if config.parallel.pipeline_parallel_size > 1:  # stage 0 keeps its layers, calibrated above on the whole model
             self.kv_scales = pipeline_parallel.cut_to_stage(
-                self.model, self.kv_scales, 0, config.pipeline_parallel_size
+                self.model, self.kv_scales, 0, config.parallel.pipeline_parallel_size
             )
         model_limit = self.model_config.max_position_embeddings
-        self.max_model_len = min(config.max_model_len or model_limit, model_limit)  # tokens: prompt + output
+        self.max_model_len = min(config.scheduler.max_model_len or model_limit, model_limit)  # tokens: prompt + output
         self.scheduler_config = self._scheduler_config()
         sizes = self.scheduler_config
         shape = CacheShape(sizes.num_kv_blocks, sizes.block_size, sizes.host_blocks, self.kv_cache_dtype)
@@ -78,8 +77,8 @@ class LLMEngine:
         self.runner.time_sampling = config.enable_tracing  # the trace's sample spans; costs nothing when off
         # A mixture of experts sizes each expert's batch from its count on the CPU: a graph cannot record that.
         if uses_cuda_graphs(config, self.device, self.model.backend.name) and not self.model_config.moe_layers:
-            self.runner.capture_decode_graphs(config.max_num_seqs, self.max_model_len)
-        if config.compile_model:
+            self.runner.capture_decode_graphs(config.scheduler.max_num_seqs, self.max_model_len)
+        if config.device.compile_model:
             self.runner.compile_decode()
         self.inputs = InputProcessor(
             self.tokenizer, self.model_config.vocab_size, self.max_model_len, self.scheduler_config.kv_capacity_tokens
@@ -177,15 +176,12 @@ class LLMEngine:
         return frozenset(self.model_config.eos_token_ids) | self.tokenizer.stop_token_ids
 
     def _scheduler_config(self) -> SchedulerConfig:
-        """The core's configuration: the engine's scheduling options with the KV block counts that fit."""
-        c = self.config
-        num_blocks = self._num_kv_blocks()
-        swapping = make_preemption(c.preemption_mode).uses_host_memory
-        host_blocks = None  # as many as the device has
-        if swapping and c.swap_space_bytes is not None:
-            host_blocks = c.swap_space_bytes // self.kv_bytes_per_block()
-        return SchedulerConfig.of(c, num_kv_blocks=num_blocks, max_model_len=self.max_model_len,
-                                  num_cpu_blocks=host_blocks)  # fmt: skip
+        """The scheduler's group as the core takes it, sized: the KV blocks that fit, the context limit, and
+        under swapping the host blocks that ``swap_space_bytes`` holds (unset: as many as the device's)."""
+        group, swap_bytes = self.config.scheduler, self.config.cache.swap_space_bytes
+        host_blocks = swap_bytes // self.kv_bytes_per_block() if group.swaps and swap_bytes is not None else None
+        return group.replace(num_kv_blocks=self._num_kv_blocks(), max_model_len=self.max_model_len,
+                             num_cpu_blocks=host_blocks)  # fmt: skip
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token takes, every layer, in the cache's element type, in this process (under
@@ -196,24 +192,24 @@ class LLMEngine:
         return 2 * len(self.model.layers) * self.model.num_kv_heads * c.head_dim * element_bytes
 
     def kv_bytes_per_block(self) -> int:
-        return self.kv_bytes_per_token() * self.config.block_size
+        return self.kv_bytes_per_token() * self.config.scheduler.block_size
 
     def _num_kv_blocks(self) -> int:
-        """From ``num_kv_blocks``, else a byte budget, else a default sized for this device."""
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
-        budget = self.config.kv_cache_memory_bytes
+        """From the scheduler's ``num_kv_blocks``, else the cache's byte budget, else a default for this device."""
+        scheduler, budget = self.config.scheduler, self.config.cache.kv_cache_memory_bytes
+        if scheduler.num_kv_blocks is not None:
+            return scheduler.num_kv_blocks
         if budget is None:
             if self.device.type == "cuda":
                 free_bytes, _ = torch.cuda.mem_get_info(self.device)
                 budget = int(free_bytes * GPU_MEMORY_UTILIZATION)
             else:
-                enough_tokens = self.config.max_num_seqs * self.max_model_len
+                enough_tokens = scheduler.max_num_seqs * self.max_model_len
                 budget = min(CPU_KV_CACHE_BYTES, enough_tokens * self.kv_bytes_per_token())
         num_blocks = budget // self.kv_bytes_per_block()
         if num_blocks < 1:
             raise ValueError(
-                f"kv_cache_memory_bytes={budget} holds no block; one block of {self.config.block_size} tokens "
+                f"kv_cache_memory_bytes={budget} holds no block; one block of {scheduler.block_size} tokens "
                 f"takes {self.kv_bytes_per_block()} bytes"
             )
         return num_blocks
@@ -226,9 +222,9 @@ class LLMEngine:
         return make_proposer(
             self.config.speculative,
             self.model,
-            backend=self.config.backend,
+            backend=self.config.device.backend,
             num_blocks=self.scheduler_config.num_kv_blocks,
-            block_size=self.config.block_size,
+            block_size=self.config.scheduler.block_size,
         )
 
     def stats(self) -> EngineStats:
@@ -253,16 +249,18 @@ def serve_as_worker(config: EngineConfig) -> None:
     launched = launched_rank()
     if launched is None or launched.rank == 0:
         raise RuntimeError("serve_as_worker is for ranks 1 … n−1 that torchrun started; rank 0 runs the engine")
-    check_launch(launched, config.world_size)
-    worker = tensor_parallel.shard_worker if config.tensor_parallel_size > 1 else pipeline_parallel.stage_worker
+    check_launch(launched, config.parallel.world_size)
+    worker = (
+        tensor_parallel.shard_worker if config.parallel.tensor_parallel_size > 1 else pipeline_parallel.stage_worker
+    )
     worker_main(launched.rank, launched.world_size, "env://", config, worker, local_rank=launched.local_rank)
 
 
 def uses_cuda_graphs(config: EngineConfig, device: torch.device, backend: str) -> bool:
     """Decode steps run as CUDA graphs on a GPU with the Triton backend, unless switched off; not under
     pipeline parallelism, whose steps are split into micro-batches."""
-    return (config.enable_cuda_graphs and device.type == "cuda" and backend == "triton"
-            and config.pipeline_parallel_size == 1)  # fmt: skip
+    return (config.device.enable_cuda_graphs and device.type == "cuda" and backend == "triton"
+            and config.parallel.pipeline_parallel_size == 1)  # fmt: skip
 
 
 def resolve_device(device: str) -> torch.device:

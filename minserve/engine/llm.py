@@ -33,15 +33,14 @@ class LLM:
     >>> out.finish_reason in ("stop", "length")
     True
 
-    Keyword arguments are :class:`~minserve.config.EngineConfig` fields (``dtype``, ``device``,
-    ``max_model_len``, ``block_size``, ``num_kv_blocks``, ``kv_cache_memory_bytes``, ``max_num_seqs``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``enable_tracing``, ``enable_chunked_prefill``,
-    ``scheduling_policy``, ``preemption_mode``, ``swap_space_bytes``, ``backend``, ``num_threads``,
-    ``enable_cuda_graphs``, ``compile_model``).
+    Keyword arguments are the engine's settings, flat (``dtype``, ``device``, ``max_model_len``,
+    ``block_size``, ``num_kv_blocks``, ``kv_cache_memory_bytes``, ``max_num_seqs``, ``quantization``,
+    ``speculative_config``, …): :meth:`EngineConfig.from_options <minserve.config.EngineConfig.from_options>`
+    sorts them into their groups, and an unknown one is an error that lists them all.
     """
 
     def __init__(self, model: str | Path = DEFAULT_MODEL, **engine_options: Any) -> None:
-        self.engine = LLMEngine(EngineConfig(model=str(model), **engine_options))
+        self.engine = LLMEngine(EngineConfig.from_options(model=str(model), **engine_options))
         self.tokenizer = self.engine.tokenizer
         self.model = self.engine.model
         self.model_config = self.engine.model_config

@@ -20,12 +20,19 @@ import torch
 from minserve.config import EngineConfig
 from minserve.model.backends import resolve_backend
 from minserve.model.config import ModelConfig
-from minserve.model.kv_quant import CALIBRATION_TOKENS, calibrate_kv_scales, calibration_text, resolve_kv_cache_dtype
+from minserve.model.kv_quant import (
+    CALIBRATION_TOKENS,
+    calibrate_kv_scales,
+    calibration_text,
+    check_kv_cache_dtype,
+    resolve_kv_cache_dtype,
+)
 from minserve.model.llama import LlamaForCausalLM
 from minserve.model.loader import load_config, load_model, resolve_dtype, resolve_model_path
 from minserve.model.tokenizer import Tokenizer
 from minserve.parallel import Communicator, shard_model
-from minserve.quant.swap import quantize_model
+from minserve.quant.auto import AUTO, choose_scheme
+from minserve.quant.swap import QuantScheme, quantize_model
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,10 @@ class Checkpoint:
 
     @classmethod
     def open(cls, config: EngineConfig, device: torch.device) -> Checkpoint:
-        path = resolve_model_path(config.model)
+        check_formats(config)
+        path = resolve_model_path(config.checkpoint.model)
         model_config = load_config(path)
-        return cls(path, Tokenizer(path), model_config, resolve_dtype(config.dtype, model_config, device))
+        return cls(path, Tokenizer(path), model_config, resolve_dtype(config.checkpoint.dtype, model_config, device))
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,7 @@ def load(
     a worker rank with none (it opens its own) and its ``comm``."""
     checkpoint = checkpoint or Checkpoint.open(config, device)
     model = build_model(config, checkpoint.path, device, checkpoint.dtype, checkpoint.tokenizer, comm)
-    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, checkpoint.dtype)
+    kv_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, checkpoint.dtype)
     return LoadedModel(model, kv_dtype, kv_scales(model, checkpoint.tokenizer, kv_dtype, device))
 
 
@@ -77,12 +85,26 @@ def build_model(
     """The model as ``config`` asks for it: this rank's shard (``comm``), quantized, on its backend."""
     model = load_model(model_dir, dtype, device)
     if comm is not None:
-        shard_model(model, comm, expert_parallel=config.enable_expert_parallel)
-    scheme = config.quant_scheme(model_dir, device)
+        shard_model(model, comm, expert_parallel=config.parallel.enable_expert_parallel)
+    scheme = quant_scheme(config, model_dir, device)
     if scheme is not None:
         quantize_model(model, scheme, model_dir, calibration_ids(tokenizer, device))
-    model.set_backend(resolve_backend(config.backend, device))
+    model.set_backend(resolve_backend(config.device.backend, device))
     return model
+
+
+def check_formats(config: EngineConfig) -> None:
+    """Refuse a weight or KV cache format that cannot be, before anything loads, saying what to change."""
+    if config.checkpoint.quantization not in (AUTO, "none"):
+        QuantScheme.named(config.checkpoint.quantization, config.checkpoint.quant_group_size)
+    check_kv_cache_dtype(config.cache.kv_cache_dtype)
+
+
+def quant_scheme(config: EngineConfig, checkpoint: Path, device: torch.device) -> QuantScheme | None:
+    """The weights' format for this checkpoint on this device (``None``: the checkpoint's own precision);
+    ``quantization="auto"`` decides by both (:mod:`minserve.quant.auto`)."""
+    c = config.checkpoint
+    return choose_scheme(c.quantization, c.quant_group_size, checkpoint, device, c.dtype)
 
 
 def kv_scales(

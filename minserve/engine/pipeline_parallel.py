@@ -61,8 +61,8 @@ class PipelineStage:
     @classmethod
     def of(cls, config: EngineConfig, rank: int) -> PipelineStage:
         """Rank ``rank``'s stage; ``num_micro_batches`` is one per stage unless the config says otherwise."""
-        size = config.pipeline_parallel_size
-        return cls(rank, size, config.num_micro_batches or size)
+        size = config.parallel.pipeline_parallel_size
+        return cls(rank, size, config.parallel.num_micro_batches or size)
 
     @property
     def is_first(self) -> bool:

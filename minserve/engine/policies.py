@@ -72,6 +72,7 @@ class StaticBatching(FCFS):
     admits_while_running = False
 
 
+# One class for each name the configuration declares (minserve.config.scheduler.SCHEDULING_POLICIES).
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (FCFS, PriorityFirst, ShortestPromptFirst, StaticBatching)}
 
 

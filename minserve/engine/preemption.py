@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from minserve.config.scheduler import PREEMPTION_MODES
 from minserve.engine.sequence import SequenceStatus
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ class Swap(Recompute):
         return SequenceStatus.SWAPPED
 
 
+# One class for each name the configuration declares (minserve.config.scheduler.PREEMPTION_MODES).
 PREEMPTIONS: dict[str, type[Preemption]] = {p.name: p for p in (Recompute, Swap)}
-PREEMPTION_MODES: tuple[str, ...] = tuple(PREEMPTIONS)
 
 
 def make_preemption(mode: str | Preemption) -> Preemption:

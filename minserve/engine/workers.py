@@ -123,9 +123,9 @@ class ParallelGroup:
         worker_runner: WorkerRunner,
         name: str,
     ) -> ParallelGroup:
-        """Spawn ranks 1 … n − 1 (``config.world_size``), each building its runner with ``worker_runner``, and
+        """Spawn ranks 1 … n − 1 (``config.parallel.world_size``), each building its runner with ``worker_runner``, and
         join them as rank 0 (blocks until every rank has joined). ``name`` says which parallelism, in errors."""
-        world_size = config.world_size
+        world_size = config.parallel.world_size
         if dist.is_initialized():
             raise RuntimeError(f"one {name} engine per process: shut the other down first (engine.shutdown())")
         if (launched := launched_rank()) is not None:  # torchrun started every rank: join them, spawn none
@@ -241,10 +241,10 @@ def worker_main(
 ) -> None:
     """A worker rank: build this rank's runner, then run what rank 0 sends until it says stop. On a GPU it
     takes GPU ``local_rank`` of its machine (by default ``rank``: every rank on one machine)."""
-    if config.num_threads is not None:
-        torch.set_num_threads(config.num_threads)
+    if config.device.num_threads is not None:
+        torch.set_num_threads(config.device.num_threads)
     gpu = rank if local_rank is None else local_rank
-    device = torch.device(f"cuda:{gpu}") if config.device.startswith("cuda") else torch.device("cpu")
+    device = torch.device(f"cuda:{gpu}") if config.device.device.startswith("cuda") else torch.device("cpu")
     _join(rank, world_size, address, device)
     ignore_stop_signals()  # joined: from here rank 0 says when to stop
     runner = worker_runner(rank, world_size, config, device)

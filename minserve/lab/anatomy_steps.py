@@ -97,7 +97,9 @@ def calibrate_decode(
     fastest = tuple(
         dataclasses.replace(points[0], step_s=min(t for p in points for t in p.steps_s)) for points in zip(*sweeps)
     )
-    profile = profiler.Profile(llm.engine.config.model, str(llm.device), _dtype(llm), hardware, (), fastest, 0.0)
+    profile = profiler.Profile(
+        llm.engine.config.checkpoint.model, str(llm.device), _dtype(llm), hardware, (), fastest, 0.0
+    )
     fit = decode_fit.decode_cost_fit(profile)
     weights = capacity.weights_read_bytes(llm.model_config, _dtype(llm)) / hardware.memory_bandwidth_bytes_per_s
     return DecodeModel(

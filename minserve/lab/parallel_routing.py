@@ -93,7 +93,7 @@ def routing_run(
     prompts start with a line naming it, so nothing one policy's run cached helps the next one's.
     """
     names = list(replicas)
-    block_size = next(iter(replicas.values())).engine.config.block_size
+    block_size = next(iter(replicas.values())).engine.config.scheduler.block_size
     rows = []
     for policy in policies:
         prompts = [f"# routed by {policy}\n{request.prompt}" for request in requests]

@@ -122,7 +122,7 @@ def bubble_sweep(
     step of ``m`` equal prompts (``prompt_tokens`` random ids each, ``max_tokens=1``: the step is the prefill)
     is ``m`` equal micro-batches, which is what the formula assumes. Each ``m`` runs ``rounds`` steps.
     """
-    most = llm.engine.config.num_micro_batches or llm.engine.config.pipeline_parallel_size
+    most = llm.engine.config.parallel.num_micro_batches or llm.engine.config.parallel.pipeline_parallel_size
     if max(micro_batches) > most:
         raise ValueError(f"micro-batch counts {list(micro_batches)} exceed the engine's num_micro_batches={most}")
     vocab = llm.model_config.vocab_size

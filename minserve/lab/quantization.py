@@ -92,7 +92,7 @@ def kv_capacity_table(
     for kv_dtype in kv_dtypes:
         llm = LLM(model, kv_cache_dtype=kv_dtype, kv_cache_memory_bytes=budget_bytes, enable_tracing=False,
                   quantization="none")  # fmt: skip
-        stats, block = llm.stats(), llm.engine.config.block_size
+        stats, block = llm.stats(), llm.engine.config.scheduler.block_size
         tokens = stats["kv_blocks_total"] * block
         rows.append({
             "KV cache": kv_dtype if kv_dtype != "auto" else str(llm.dtype).removeprefix("torch."),

@@ -98,7 +98,7 @@ def measure_weight_bound(
         for per_round in zip(*(pts for _, pts in measured))
     )
     return WeightBound(
-        model=llm.engine.config.model,
+        model=llm.engine.config.checkpoint.model,
         dtype=dtype,
         threads=torch.get_num_threads(),
         weight_bytes=capacity.weights_read_bytes(llm.model_config, dtype),

@@ -37,14 +37,15 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig, log_level: s
     make_admission(server_config)  # a mistaken policy or degraded mode fails now, before the model loads
     make_degrader(server_config, lambda enabled: None)
     listener = listen(server_config.host, server_config.port)
-    if engine_config.compile_model is None:  # neither --compile nor --no-compile: where it pays
+    if engine_config.device.compile_model is None:  # neither --compile nor --no-compile: where it pays
         from minserve.engine.compilation import serving_compiles
 
         compiles, why = serving_compiles(engine_config)
         logger.info("decode steps %s (--compile or --no-compile to choose)", why)
-        engine_config = dataclasses.replace(engine_config, compile_model=compiles)
+        device = dataclasses.replace(engine_config.device, compile_model=compiles)
+        engine_config = dataclasses.replace(engine_config, device=device)
     engine = AsyncLLMEngine(engine_config)
-    app = create_app(engine, model_name=engine_config.model, config=server_config)
+    app = create_app(engine, model_name=engine_config.checkpoint.model, config=server_config)
     if server_config.host not in ("127.0.0.1", "localhost", "::1") and not server_config.api_key:
         print(f"warning: serving on {server_config.host} without --api-key: anyone who can reach it can use it")
     host, port = listener.getsockname()[:2]

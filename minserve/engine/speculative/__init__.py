@@ -1,6 +1,7 @@
 """Speculative decoding: propose a few tokens cheaply, verify them all in one forward of the target model.
 
-* :mod:`.config` — ``SpeculativeConfig``, built from vLLM's dict shape and checked;
+* ``SpeculativeConfig`` — built from vLLM's dict shape and checked; it lives with the other settings, in
+  :mod:`minserve.config.speculative`;
 * :mod:`.ngram` — the prompt-lookup proposer (no model: it copies what followed an earlier match), as a
   reference scan and as an index a running sequence keeps up to date;
 * :mod:`.rejection` — the verifier: accept, resample or add a bonus token so that the output distribution
@@ -14,7 +15,7 @@ The engine's side: the scheduler runs a decoding sequence's last token and its d
 (``Sequence.draft_token_ids``), and ``Scheduler.complete`` counts as computed only the drafts kept.
 """
 
-from minserve.engine.speculative.config import SpeculativeConfig
+from minserve.config.speculative import SpeculativeConfig
 from minserve.engine.speculative.ngram import NgramIndex, propose_ngram
 from minserve.engine.speculative.rejection import Verdict, verify, verify_greedy
 

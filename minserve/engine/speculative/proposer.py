@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
-from minserve.engine.speculative.config import SpeculativeConfig
+from minserve.config.speculative import SpeculativeConfig
 from minserve.engine.speculative.ngram import NgramIndex
 
 if TYPE_CHECKING:
