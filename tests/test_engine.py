@@ -45,7 +45,7 @@ def test_batched_greedy_equals_one_at_a_time(reference, options):
     if "num_kv_blocks" in options:
         assert llm.stats()["num_preemptions"] > 0
     assert llm.stats()["kv_blocks_used"] == 0
-    llm.engine.block_manager.check_invariants([])
+    llm.engine.core.block_manager.check_invariants([])
 
 
 def _shared_prefix_workload(n: int = 12, prefix_tokens: int = 48, seed: int = 1):
@@ -90,7 +90,7 @@ def test_shared_prefix_hits_leave_outputs_unchanged(shared_prefix_reference, opt
     if "num_kv_blocks" in options:
         assert stats["num_preemptions"] > 0
     assert stats["kv_blocks_used"] == 0
-    llm.engine.block_manager.check_invariants([])
+    llm.engine.core.block_manager.check_invariants([])
 
 
 def test_reference_loop_leaves_an_llm_working():
@@ -115,7 +115,7 @@ def test_steps_respect_the_token_budget_and_sequence_cap_and_mix_prefill_with_de
     budget, max_seqs = 40, 3
     llm = LLM(max_num_seqs=max_seqs, max_num_batched_tokens=budget, enable_tracing=False)
     engine = llm.engine
-    schedule = engine.scheduler.schedule
+    schedule = engine.core.scheduler.schedule
     steps = []  # per step: [(request id, tokens, "prefill" | "decode")] and the number running
 
     def recording_schedule():
@@ -125,10 +125,10 @@ def test_steps_respect_the_token_budget_and_sequence_cap_and_mix_prefill_with_de
             for seq, n in zip(batch.seqs, batch.num_new_tokens)
         ]
         rows = [(seq.request_id, n, kind) for seq, n, kind in zip(batch.seqs, batch.num_new_tokens, kinds)]
-        steps.append((rows, len(engine.scheduler.running)))
+        steps.append((rows, len(engine.core.scheduler.running)))
         return batch
 
-    engine.scheduler.schedule = recording_schedule
+    engine.core.scheduler.schedule = recording_schedule
     rng = random.Random(3)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     first = [engine.add_request([rng.randrange(2048) for _ in range(30)], params) for _ in range(5)]

@@ -238,7 +238,7 @@ def test_engine_stops_on_the_templates_end_of_turn_token(tmp_path):
     path = write_gguf(build_hf_model("llama"), tmp_path / "tiny.gguf", tokens=tokens, chat_template=CHATML)
     llm = LLM(str(path), num_kv_blocks=8)
     assert llm.tokenizer.eos_token_id == 0 and llm.tokenizer.end_of_turn_token_id == 2
-    assert {0, 2} <= llm.engine.stop_token_ids
+    assert {0, 2} <= llm.engine.core.stop_token_ids
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -358,7 +358,7 @@ def test_smollm_token_ids_match_transformers(smollm_path, reference):
 def test_smollm_chat_answers_paris(smollm):
     assert smollm.dtype == torch.float32  # dtype="auto" on the CPU
     assert smollm.tokenizer.end_of_turn_token_id == smollm.tokenizer.token_to_id("<|im_end|>")
-    assert smollm.tokenizer.token_to_id("<|im_end|>") in smollm.engine.stop_token_ids
+    assert smollm.tokenizer.token_to_id("<|im_end|>") in smollm.engine.core.stop_token_ids
     prompt = smollm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     output = smollm.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0))[0]
     assert "Paris" in output.text

@@ -105,7 +105,7 @@ def test_preemption_prefix_hits_and_chunks_on_an_8_bit_cache_change_no_token(pre
     stats = tight.stats()
     assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0, stats
     assert stats["kv_blocks_used"] == 0
-    tight.engine.block_manager.check_invariants([])
+    tight.engine.core.block_manager.check_invariants([])
 
 
 def test_an_unknown_kv_cache_dtype_is_refused_with_the_choices():

@@ -60,16 +60,16 @@ def _step_tokens_while_decoding(chunked: bool) -> tuple[list[int], int]:
         if step == 5:  # both are decoding by now
             engine.add_request(long_prompt, SamplingParams(max_tokens=2, ignore_eos=True), "long")
         batch_tokens = []
-        original = engine.scheduler.schedule
+        original = engine.core.scheduler.schedule
 
         def spy(original=original, batch_tokens=batch_tokens):
             batch = original()
             batch_tokens.append(batch.num_tokens)
             return batch
 
-        engine.scheduler.schedule = spy
+        engine.core.scheduler.schedule = spy
         outputs = engine.step()
-        engine.scheduler.schedule = original
+        engine.core.scheduler.schedule = original
         step += 1
         if any(o.request_id == "short" for o in outputs):
             steps_with_token.append(step)
@@ -172,7 +172,7 @@ def test_a_request_past_its_deadline_is_stopped_and_reported():
     )
     assert slow.finish_reason == "deadline" and 0 < len(slow.token_ids) < 2000
     assert quick.finish_reason in ("stop", "length")
-    assert llm.stats()["kv_blocks_used"] == 0 and not llm.engine.requests
+    assert llm.stats()["kv_blocks_used"] == 0 and not llm.engine.core.requests
     assert [e.name for e in llm.tracer.for_request(slow.request_id)][-1] == "deadline"
     with pytest.raises(ValueError, match="deadline_s"):
         llm.generate("x", deadline_s=-1.0)
@@ -217,4 +217,4 @@ def test_preempted_requests_resume_with_the_uninterrupted_output(baseline, mode)
     assert stats["num_preemptions"] > 0 and stats["kv_blocks_used"] == 0
     modes = {e.args["mode"] for e in llm.tracer.events if e.name == "preempted"}
     assert modes == {mode}
-    assert len(llm.engine.block_manager.free_cpu_blocks) == llm.engine.block_manager.num_cpu_blocks
+    assert len(llm.engine.core.block_manager.free_cpu_blocks) == llm.engine.core.block_manager.num_cpu_blocks

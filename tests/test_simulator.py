@@ -441,7 +441,7 @@ def test_calibrate_on_the_embedded_model_gives_a_sane_fit(llm):
     assert long_prefill > one_decode > 0
     assert cost.info["engine"] == SchedulerConfig.from_engine(llm).to_dict()
     assert cost.info["engine"]["max_num_batched_tokens"] == 256
-    assert "schedule" not in vars(llm.engine.scheduler)  # the wrapper is gone
+    assert "schedule" not in vars(llm.engine.core.scheduler)  # the wrapper is gone
     assert not llm.engine.has_unfinished_requests()
     # The calibrated model drives the simulator.
     requests = make_requests(poisson_arrivals(20, 5, seed=0), 64, 8)

@@ -82,7 +82,7 @@ def test_sampled_tokens_under_speculation_follow_the_steered_distribution():
 
 
 def test_min_tokens_holds_back_the_end_token_and_the_stop_strings(llm):
-    end = min(llm.engine.stop_token_ids)
+    end = min(llm.engine.core.stop_token_ids)
     ends_at_once = SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0})
     assert llm.generate(["def add"], ends_at_once)[0].token_ids == [end]
     held = llm.generate(["def add"], SamplingParams(max_tokens=8, temperature=0, logit_bias={end: 100.0}, min_tokens=3))

@@ -73,12 +73,12 @@ def measure_steps(
         raise ValueError("the engine has requests in flight; calibrate an idle engine, or the batches mix")
     rng = np.random.default_rng(seed)
     vocab = engine.model_config.vocab_size
-    max_seqs = engine.scheduler.max_num_seqs
-    capacity_tokens = engine.block_manager.num_blocks * engine.block_manager.block_size
+    sizes = engine.scheduler_config
+    max_seqs, capacity_tokens = sizes.max_num_seqs, sizes.kv_capacity_tokens
     longest = min(engine.max_model_len - 1, capacity_tokens) - 2  # the longest prompt + output of any request
     if longest < 4:
         raise ValueError("the engine's context or KV cache is too small to calibrate on")
-    budget = engine.scheduler.max_num_batched_tokens
+    budget = sizes.max_num_batched_tokens
 
     def request(length: int, max_tokens: int) -> tuple[list[int], int]:
         length = int(min(max(length, 2), longest - 1))

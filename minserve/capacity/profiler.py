@@ -228,7 +228,7 @@ def warm_up(llm: LLM | LLMEngine, prompts: SeededPrompts | None = None) -> None:
     prompts = prompts or SeededPrompts(engine.model_config.vocab_size, seed=WARM_UP_SEED)
     length = min(64, engine.max_model_len - 4)
     _time_prefill(engine, prompts.fresh(length))
-    _time_decode(engine, prompts, min(4, engine.scheduler.max_num_seqs), length, 2, None)
+    _time_decode(engine, prompts, min(4, engine.scheduler_config.max_num_seqs), length, 2, None)
 
 
 # --- measuring: the steps come from minserve.measure.decode, the predictions from the roofline ----------------
@@ -284,13 +284,13 @@ def _check_decode_sweep(
 
 def _check_decode_fits(engine: LLMEngine, batch: int, context: int, steps: int) -> None:
     """Refuse a point the engine would have to preempt or cut short."""
-    max_seqs, num_blocks = engine.scheduler.max_num_seqs, engine.block_manager.num_blocks
+    max_seqs, num_blocks = engine.scheduler_config.max_num_seqs, engine.scheduler_config.num_kv_blocks
     if not 1 <= batch <= max_seqs:
         raise ValueError(f"batch {batch} must be between 1 and the engine's max_num_seqs ({max_seqs})")
     if context < 1:
         raise ValueError(f"context length must be positive, got {context}")
     # While the batch's prompts are prefilled in chunks, the sequences done first already decode.
-    stagger = -(-batch * context // engine.scheduler.max_num_batched_tokens) + 1
+    stagger = -(-batch * context // engine.scheduler_config.max_num_batched_tokens) + 1
     longest = context + stagger + steps + 2
     if longest >= engine.max_model_len:
         raise ValueError(

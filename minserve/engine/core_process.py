@@ -106,12 +106,11 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
     except Exception as error:  # a bad model path, an impossible configuration: say so, then end
         conn.send(("startup_error", f"{type(error).__name__}: {error}"))
         return
-    capacity = engine.block_manager.num_blocks * engine.block_manager.block_size
     info = EngineInfo(
         str(engine.model_dir),
         engine.model_config.vocab_size,
         engine.max_model_len,
-        capacity,
+        engine.scheduler_config.kv_capacity_tokens,
         engine.stats(),
         engine_facts(engine),
     )
@@ -128,7 +127,7 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
 
 def engine_facts(engine: LLMEngine) -> dict:
     """What a user wants to read once the server is up: the model's numbers, its cache, its batch."""
-    config, blocks = engine.config, engine.block_manager
+    sizes = engine.scheduler_config
     return {
         "model_dir": str(engine.model_dir),
         "device": str(engine.device),
@@ -137,12 +136,12 @@ def engine_facts(engine: LLMEngine) -> dict:
         "weights": describe_weights(engine.model),
         "compiled_decode": getattr(engine.runner, "compiled", None) is not None,
         "max_model_len": engine.max_model_len,
-        "kv_cache_blocks": blocks.num_blocks,
-        "kv_block_size_tokens": blocks.block_size,
-        "kv_cache_tokens": blocks.num_blocks * blocks.block_size,
+        "kv_cache_blocks": sizes.num_kv_blocks,
+        "kv_block_size_tokens": sizes.block_size,
+        "kv_cache_tokens": sizes.kv_capacity_tokens,
         "kv_cache_bytes": getattr(engine.runner, "kv_cache_bytes", None),  # a parallel runner may not say
-        "max_num_seqs": config.scheduler.max_num_seqs,
-        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
+        "max_num_seqs": sizes.max_num_seqs,
+        "max_num_batched_tokens": sizes.max_num_batched_tokens,
     }
 
 
@@ -188,10 +187,10 @@ def _handle(engine: LLMEngine, conn: Connection, message: tuple, longest_step_s:
     elif kind == "speculation":
         engine.core.speculation_enabled = message[1]
     elif kind == "trace":
-        conn.send(("trace", list(engine.tracer.events)))
+        conn.send(("trace", list(engine.core.tracer.events)))
     elif kind == "shutdown":
         if message[1] is not None:
-            engine.tracer.save_chrome_trace(message[1])
+            engine.core.tracer.save_chrome_trace(message[1])
         return False
     return True
 

@@ -94,13 +94,6 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self._arrival_counter = itertools.count()
 
-    # The core's parts, named as before: the scheduler, the block manager, the tracer, requests in flight.
-    scheduler = property(lambda self: self.core.scheduler)
-    block_manager = property(lambda self: self.core.block_manager)
-    tracer = property(lambda self: self.core.tracer)
-    requests = property(lambda self: self.core.requests)
-    stop_token_ids = property(lambda self: self.core.stop_token_ids)
-
     # --- requests in -------------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt, index: int | None = None) -> list[int]:
@@ -143,7 +136,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             generator=make_generator(params, self.device),
             grammar=self.inputs.grammar(params),
-            held_back_token_ids=tuple(sorted(self.stop_token_ids)) if params.min_tokens else (),
+            held_back_token_ids=tuple(sorted(self.core.stop_token_ids)) if params.min_tokens else (),
             priority=priority,
             deadline_s=None if deadline_s is None else arrival_s + deadline_s,
             waiting_since_s=arrival_s,

@@ -50,7 +50,7 @@ class LLM:
     @property
     def tracer(self) -> Tracer:
         """Every request's lifecycle events (see :mod:`minserve.trace`)."""
-        return self.engine.tracer
+        return self.engine.core.tracer
 
     def generate(
         self,

@@ -43,7 +43,7 @@ def sample_kv_usage(
             if out.finished:
                 finished[out.request_id] = out
         stats = engine.stats()
-        seq_tokens = tuple(s.num_computed_tokens for s in engine.scheduler.running)
+        seq_tokens = tuple(s.num_computed_tokens for s in engine.core.scheduler.running)
         rows.append(
             {
                 "step": step,
@@ -68,7 +68,7 @@ def serve_one_by_one(
     prefix cache's hit rate over these requests alone: prompt tokens found in the cache / prompt tokens looked
     up, read from the block manager's counters before and after (so ``warm_up``, a first request that pays the
     one-time costs, and anything the engine served earlier do not count)."""
-    bm = llm.engine.block_manager
+    bm = llm.engine.core.block_manager
     if warm_up is not None:
         llm.generate(warm_up, params)
     hits, queries = bm.prefix_hits_tokens, bm.prefix_queries_tokens
@@ -95,7 +95,7 @@ def eviction_sweep(
     engine = llm.engine
     if engine.has_unfinished_requests():
         raise ValueError("the engine has requests in flight; run on an idle engine")
-    block_size, vocab = engine.block_manager.block_size, engine.model_config.vocab_size
+    block_size, vocab = engine.core.block_manager.block_size, engine.model_config.vocab_size
     rng = np.random.default_rng(seed)
     one_token = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     llm.generate(prompt, one_token)  # the first ask: what the sweep's asks look up

@@ -169,7 +169,7 @@ def check_preemption(
     tokens = [o.token_ids for o in runs[reference].outputs]
     require(not runs[reference].preemptions, f"the {reference} run was preempted")
     for mode in ("recompute", "swap"):
-        run, bm = runs[mode], engines[mode].engine.block_manager
+        run, bm = runs[mode], engines[mode].engine.core.block_manager
         require(bool(run.preemptions), f"{mode}: no preemption: the KV budget is not tight")
         require([o.token_ids for o in run.outputs] == tokens, f"{mode}: outputs differ from the uninterrupted run")
         preempted = [e for e in run.events if e.name == "preempted"]

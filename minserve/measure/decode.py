@@ -135,7 +135,7 @@ def pure_decode_reports(engine: LLMEngine, prompts: Sequence[list[int]], steps: 
     longest = max(len(p) for p in prompts)
     params = SamplingParams(max_tokens=engine.max_model_len - longest, **GREEDY_TO_THE_END)
     ids = [engine.add_request(prompt, params) for prompt in prompts]
-    seqs = [engine.requests[i] for i in ids]
+    seqs = [engine.core.requests[i] for i in ids]
     recorder = StepRecorder(engine.core)
     try:
         while any(not seq.output_token_ids for seq in seqs):  # prefill: untimed
@@ -154,8 +154,8 @@ def pure_decode_reports(engine: LLMEngine, prompts: Sequence[list[int]], steps: 
 
 
 def _require_pure_decode(engine: LLMEngine, batch: int) -> None:
-    running = engine.scheduler.running
-    pure = not engine.scheduler.waiting and len(running) == batch
+    running = engine.core.scheduler.running
+    pure = not engine.core.scheduler.waiting and len(running) == batch
     pure = pure and all(seq.num_uncomputed_tokens == 1 and seq.output_token_ids for seq in running)
     if not pure:
         raise RuntimeError("the next step is not a pure decode step of the batch (preempted, or other requests)")
