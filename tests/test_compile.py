@@ -149,6 +149,15 @@ def test_a_change_to_the_model_after_start_up_is_an_error_not_a_recompile(caplog
     llm = LLM(dtype="float32", device="cpu", enable_tracing=False, compile_model=True)
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     model = llm.engine.model
+    # Deep in the model too: the guards skip a module only while its attributes, and its submodules', are unset.
+    norm = model.layers[-1].post_attention_layernorm
+    norm.eps, eps = 0.5, norm.eps
+    with caplog.at_level(logging.ERROR, logger="minserve.engine.core"):
+        out = llm.generate([PROMPTS[0]], params)[0]
+    assert (out.finish_reason, len(out.token_ids)) == ("error", 1)
+    assert "would have to be traced again" in str(caplog.records[-1].exc_info[1])
+    norm.eps = eps
+    assert llm.generate([PROMPTS[0]], params)[0].finish_reason == "length"  # as traced again: the graph serves
     forward = model.forward
     # A wrapper dynamo can trace: without the stance the step would quietly trace a second graph and go on.
     model.forward = lambda *args, **kwargs: forward(*args, **kwargs)

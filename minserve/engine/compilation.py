@@ -35,6 +35,12 @@ How this module makes that work on a paged KV cache, and why only decode steps a
   SmolLM2, int4: a benchmark that wrapped the model's forward to time it made every decode step fail,
   which its table showed as 15 tokens/s offline; untouched, the same run has no recompile.) Time the
   forward from outside the compiled region, :meth:`ModelRunner.logits` say, not inside it.
+* **Guards checked by the module, not by the attribute.** Those guards are thousands of checks (every
+  attribute the trace read of every layer), and running them all before each step cost 0.7 ms of a
+  10 ms one-stream SmolLM2 step. The graphs are built with dynamo's recursive dict tags: a module whose
+  attributes (and its submodules') have not been set since the trace passes with one check of its
+  ``__dict__``'s tag, and a module changed since gets every check, as before (0.3 ms a step;
+  docs/benchmarks.md, section 12).
 """
 
 from __future__ import annotations
@@ -155,7 +161,8 @@ class CompiledDecode:
         self.started = False  # True once the start-up steps have compiled the graphs
         start_s = time.perf_counter()
         try:
-            self._dummy_steps(block_size)
+            with torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):  # read as guards are built
+                self._dummy_steps(block_size)
         except Exception as error:  # dynamo and inductor fail with many types; each means the same here
             raise ValueError(
                 f"compile_model=True: {_what_failed(error)}; leave compile_model off to run eagerly"
