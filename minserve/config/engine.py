@@ -221,8 +221,8 @@ class EngineConfig:
             group: replace(getattr(defaults, group), **{k: v for k, v in options.items() if owners.get(k) == group})
             for group in GROUPS
         }
-        speculative = _speculative(options.get(SPECULATIVE_OPTION))
-        return cls(**groups, speculative=speculative, enable_tracing=options.get("enable_tracing", True))
+        tracing = options.get("enable_tracing", defaults.enable_tracing)
+        return cls(**groups, speculative=_speculative(options.get(SPECULATIVE_OPTION)), enable_tracing=tracing)
 
     @classmethod
     def options(cls) -> dict[str, Option]:
