@@ -212,10 +212,10 @@ class EngineConfig:
         """The configuration from the flat settings ``LLM(...)`` and the command line take (``model=…``,
         ``max_num_seqs=…``, ``speculative_config={...}``): each sorted into its group, the rest left at their
         defaults. An unknown name is an error that lists the known ones."""
-        owners = _owners()
-        unknown = sorted(set(options) - set(owners) - {SPECULATIVE_OPTION, "enable_tracing"})
+        known, owners = cls.options(), _owners()
+        unknown = sorted(set(options) - set(known))
         if unknown:
-            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are {sorted(cls.options())}")
+            raise TypeError(f"unknown engine setting(s) {unknown}; the settings are {sorted(known)}")
         defaults = cls()
         groups = {
             group: replace(getattr(defaults, group), **{k: v for k, v in options.items() if owners.get(k) == group})

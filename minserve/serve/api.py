@@ -236,7 +236,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, config: ServerConfig | N
         own_timeout_s = _own_timeout_s(body.timeout, request.headers.get(TIMEOUT_HEADER), config.request_timeout_s)
         timeout_s = own_timeout_s or config.request_timeout_s
         if full_queue is not None:  # a full queue refuses before the tokenizer's work; _admit decides exactly
-            _raise_if_refused(full_queue.refuse_full(observe_load()[0]))
+            _raise_if_refused(full_queue.refuse_full(QueueState.of(engine)))  # a read: _admit observes the load
         prompt, ids = await _off_the_loop(render)
         if params.structured_outputs is not None:  # the first one builds the tokenizer's index (~1 s): not here
             await _off_the_loop(lambda: _refuse_invalid(lambda: engine.inputs.grammar(params)))
